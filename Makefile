@@ -1,0 +1,55 @@
+# One-command entry points. Every target first makes sure the virtual
+# environment in .venv matches pyproject.toml; that step is skipped when
+# nothing changed, so the second run is quick.
+#
+#   make lab       set up, then open JupyterLab on the course
+#   make test      set up, then run the whole test suite (what CI runs)
+#   make execute   re-execute notebooks in place (NB=notebooks/00_....ipynb for one)
+#   make release   write the student version (no solutions) to build/release
+#   make grade     autograde SUBMISSIONS=folder (one sub-folder per student)
+
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+# nbgrader shells out to alembic: the environment's bin/ must be on PATH.
+export PATH := $(abspath $(BIN)):$(PATH)
+# Same settings when executing and when checking notebooks (see tests/conftest.py).
+export PYTHONHASHSEED := 0
+export IPYKERNEL_CELL_NAME := <IPY-INPUT>
+unexport MPLBACKEND
+
+NB ?= notebooks
+SUBMISSIONS ?= submissions
+WORKERS ?= 2
+
+.PHONY: setup lab test test-fast execute release grade clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required (found %s); set PYTHON=/path/to/python3.11" % sys.version.split()[0]'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+lab: setup
+	$(BIN)/jupyter lab --notebook-dir=. notebooks/00_orientation.ipynb
+
+test: setup
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope
+
+test-fast: setup
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope -m "not slow" tests
+
+execute: setup
+	$(BIN)/python -m course_utils.execute $(NB)
+
+release: setup
+	$(BIN)/python -m course_utils.grading release --out build/release
+
+grade: setup
+	$(BIN)/python -m course_utils.grading autograde $(SUBMISSIONS)
+
+clean:
+	rm -rf build

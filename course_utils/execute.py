@@ -1,0 +1,108 @@
+"""Re-execute notebooks in place, deterministically, and record how long each took.
+
+Usage (through the Makefile)::
+
+    make execute                                   # every notebook
+    make execute NB=notebooks/00_orientation.ipynb  # one notebook
+
+Each notebook runs top to bottom in a fresh kernel with the same environment
+the tests use (``PYTHONHASHSEED=0``, ``IPYKERNEL_CELL_NAME``, no
+``MPLBACKEND``); the notebook itself calls ``course_utils.setup()`` for seeds,
+threads and figure style. The measured minutes are written into the
+syllabus table of README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+# Settings shared by `make execute`, the nbval run (tests/conftest.py) and grading.
+KERNEL_ENV = {"PYTHONHASHSEED": "0", "IPYKERNEL_CELL_NAME": "<IPY-INPUT>"}
+
+
+def kernel_environment() -> None:
+    """Put the shared kernel settings into this process's environment (kernels inherit it)."""
+    os.environ.update(KERNEL_ENV)
+    os.environ.pop("MPLBACKEND", None)  # the inline backend must produce the figures nbval compares
+
+
+def execute_notebook(path: Path, timeout: int = 600) -> float:
+    """Execute one notebook in place in a fresh kernel.
+
+    Args:
+        path: The .ipynb file.
+        timeout: Seconds allowed per cell.
+
+    Returns:
+        Wall-clock seconds the execution took (kernel start included).
+
+    Raises:
+        nbclient.exceptions.CellExecutionError: If a cell not tagged
+            ``raises-exception`` raises.
+    """
+    kernel_environment()
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        record_timing=False,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    start = time.perf_counter()
+    client.execute()
+    seconds = time.perf_counter() - start
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, path)
+    return seconds
+
+
+def update_readme_minutes(minutes: dict[str, float], readme: Path = README) -> None:
+    """Write measured CPU minutes into the syllabus table of README.md.
+
+    A row belongs to a notebook when its first cell links to ``notebooks/<name>``;
+    its last cell is replaced by the minutes, rounded to 0.1.
+    """
+    lines = readme.read_text(encoding="utf-8").splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        match = re.match(r"\|\s*\[[^\]]*\]\(notebooks/([^)]+\.ipynb)\)", line)
+        if match and match.group(1) in minutes:
+            cells = line.rstrip("\n").rstrip().rstrip("|").split("|")
+            cells[-1] = f" {minutes[match.group(1)]:.1f} "
+            lines[i] = "|".join(cells) + "|\n"
+    readme.write_text("".join(lines), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="*", default=["notebooks"], help="notebooks or folders of notebooks")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
+    args = parser.parse_args(argv)
+    notebooks: list[Path] = []
+    for p in map(Path, args.paths):
+        notebooks += sorted(p.glob("[0-9][0-9]_*.ipynb")) if p.is_dir() else [p]
+    if not notebooks:
+        print(f"no notebooks found in {args.paths}", file=sys.stderr)
+        return 1
+    minutes = {}
+    for path in notebooks:
+        seconds = execute_notebook(path, timeout=args.timeout)
+        minutes[path.name] = seconds / 60
+        print(f"{path.name}: {seconds:.1f} s")
+    update_readme_minutes(minutes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

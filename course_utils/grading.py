@@ -1,0 +1,328 @@
+"""Graded exercises with nbgrader: the student release and autograding.
+
+Usage (through the Makefile)::
+
+    make release                         # student notebooks -> build/release/
+    make grade SUBMISSIONS=folder        # one sub-folder per student
+
+A submissions folder holds one folder per student, each with that student's
+notebooks under their course names (``alice/00_orientation.ipynb``; nbgrader's
+``alice/00_orientation/00_orientation.ipynb`` works too). Grading works on
+copies in ``build/grading`` (autograded notebooks with feedback stay there), so
+neither the submitted files nor the instructor notebooks are ever modified.
+
+A submission is reported as failed, with the reason, and not scored when it is
+not valid notebook JSON, when a graded test cell was deleted or edited, or
+when a cell ran past the per-cell time limit; the others are graded as usual.
+
+Every notebook in ``notebooks/`` is one nbgrader assignment of the same name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+import nbformat.reader
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+BUILD = ROOT / "build"
+COURSE_ID = "attention-course"
+DEFAULT_TIMEOUT = 180  # seconds per cell when autograding
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One graded test cell of a notebook."""
+
+    notebook: str  # notebook stem, e.g. "00_orientation" (= nbgrader assignment)
+    grade_id: str  # nbgrader grade_id of the test cell, e.g. "masked_softmax_tests"
+    points: float  # points it is worth
+
+
+@dataclass
+class Result:
+    """The outcome of grading one student's notebook."""
+
+    student: str  # folder name of the student
+    notebook: str  # notebook stem
+    scores: dict[str, float] = field(default_factory=dict)  # grade_id -> points earned (empty if failed)
+    failed: str = ""  # why the submission could not be graded; "" when graded
+
+    @property
+    def total(self) -> float:
+        return sum(self.scores.values())
+
+
+def _env_for_nbgrader() -> None:
+    # nbgrader shells out to `alembic`, which lives beside this interpreter.
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    os.environ.pop("MPLBACKEND", None)
+
+
+def course_notebooks(notebooks_dir: Path = NOTEBOOKS) -> list[Path]:
+    """The course notebooks, in order."""
+    return sorted(Path(notebooks_dir).glob("[0-9][0-9]_*.ipynb"))
+
+
+def exercises(notebook: Path) -> list[Exercise]:
+    """The graded test cells of an instructor notebook, in order."""
+    nb = nbformat.read(notebook, as_version=4)
+    found = []
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade") and cell.cell_type == "code":
+            found.append(Exercise(notebook.stem, meta["grade_id"], float(meta["points"])))
+    return found
+
+
+def _api(course: Path, timeout: int):
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Config
+
+    config = Config()
+    config.CourseDirectory.root = str(course)
+    config.CourseDirectory.course_id = COURSE_ID
+    config.Execute.timeout = timeout
+    config.Execute.interrupt_on_timeout = True
+    config.Execute.allow_errors = True
+    coursedir = CourseDirectory(config=config)
+    return NbGraderAPI(coursedir=coursedir, config=config)
+
+
+def build_course(notebooks: list[Path], course: Path, timeout: int = DEFAULT_TIMEOUT):
+    """Make a fresh nbgrader course folder and generate the release of each notebook.
+
+    Args:
+        notebooks: Instructor notebooks (copied, never modified).
+        course: Folder to (re)create.
+        timeout: Seconds allowed per cell when autograding.
+
+    Returns:
+        The ``NbGraderAPI`` of the course.
+
+    Raises:
+        RuntimeError: If nbgrader cannot generate a release (bad cell metadata).
+    """
+    _env_for_nbgrader()
+    if course.exists():
+        shutil.rmtree(course)
+    for nb in notebooks:
+        (course / "source" / nb.stem).mkdir(parents=True)
+        shutil.copy2(nb, course / "source" / nb.stem / nb.name)
+    api = _api(course, timeout)
+    for nb in notebooks:
+        with _quiet():
+            result = api.generate_assignment(nb.stem, force=True)
+        if not result["success"]:
+            raise RuntimeError(f"nbgrader could not generate the release of {nb.name}:\n{result.get('error', '')}")
+    return api
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence nbgrader's and the kernel's chatter on stderr."""
+    buffer = io.StringIO()
+    previous = logging.root.level
+    logging.root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(buffer):
+            yield buffer
+    finally:
+        logging.root.setLevel(previous)
+
+
+def release(out: Path = BUILD / "release", notebooks_dir: Path = NOTEBOOKS) -> list[Path]:
+    """Write the student version of every notebook (no solutions, no hidden tests, no outputs).
+
+    Args:
+        out: Folder for the student notebooks (recreated).
+        notebooks_dir: Folder of instructor notebooks.
+
+    Returns:
+        The student notebooks written.
+    """
+    notebooks = course_notebooks(notebooks_dir)
+    course = BUILD / "nbgrader-release"
+    build_course(notebooks, course)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    written = []
+    for nb in notebooks:
+        target = out / nb.name
+        shutil.copy2(course / "release" / nb.stem / nb.name, target)
+        written.append(target)
+    return written
+
+
+def _find_submissions(submissions: Path, names: set[str]) -> tuple[dict[tuple[str, str], Path], list[Result]]:
+    """Map (student, notebook stem) -> file; list files that are not course notebooks."""
+    found: dict[tuple[str, str], Path] = {}
+    unknown: list[Result] = []
+    for student_dir in sorted(p for p in submissions.iterdir() if p.is_dir()):
+        for path in sorted(student_dir.rglob("*.ipynb")):
+            if ".ipynb_checkpoints" in path.parts:
+                continue
+            if path.stem in names:
+                found[(student_dir.name, path.stem)] = path
+            else:
+                unknown.append(Result(student_dir.name, path.stem, failed=f"{path.name} is not a course notebook"))
+    return found, unknown
+
+
+def validate(submission: Path, release_nb: Path, source_nb: Path) -> str:
+    """Why a submission cannot be graded, or "" if it can.
+
+    Checks that it is valid notebook JSON and that every graded test cell of
+    the release is present and unchanged (nbgrader's checksum): as released,
+    or as in the instructor version (which also holds the hidden tests).
+    """
+    from nbgrader.utils import compute_checksum
+
+    try:
+        nb = nbformat.read(submission, as_version=4)
+    except (json.JSONDecodeError, UnicodeDecodeError, nbformat.reader.NotJSONError) as exc:
+        return f"not valid notebook JSON ({str(exc)[:80]})"
+    except Exception as exc:  # noqa: BLE001 - nbformat raises several kinds
+        return f"not a readable notebook ({type(exc).__name__}: {exc})"
+    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}
+    instructor = {c.metadata.get("nbgrader", {}).get("grade_id"): c
+                  for c in nbformat.read(source_nb, as_version=4).cells}
+    reference = nbformat.read(release_nb, as_version=4)
+    for cell in reference.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if not (meta.get("grade") and cell.cell_type == "code"):
+            continue
+        theirs = cells.get(meta["grade_id"])
+        if theirs is None:
+            return f"test cell '{meta['grade_id']}' was deleted"
+        allowed = {meta.get("checksum"), compute_checksum(instructor[meta["grade_id"]])}
+        if theirs.cell_type != "code" or compute_checksum(theirs) not in allowed:
+            return f"test cell '{meta['grade_id']}' was edited"
+    return ""
+
+
+def autograde(
+    submissions: Path,
+    notebooks_dir: Path = NOTEBOOKS,
+    course: Path = BUILD / "grading",
+    timeout: int = DEFAULT_TIMEOUT,
+) -> list[Result]:
+    """Autograde every student's notebooks in a folder of submissions.
+
+    Args:
+        submissions: One sub-folder per student (never modified).
+        notebooks_dir: Instructor notebooks (never modified).
+        course: Work folder (recreated); autograded notebooks stay in its ``autograded/``.
+        timeout: Seconds allowed per cell; a submission with a slower cell fails.
+
+    Returns:
+        One ``Result`` per (student, notebook), sorted by student then notebook.
+    """
+    submissions = Path(submissions)
+    if not submissions.is_dir():
+        raise FileNotFoundError(f"no submissions folder at {submissions}: expected one sub-folder per student")
+    notebooks = course_notebooks(notebooks_dir)
+    found, results = _find_submissions(submissions, {nb.stem for nb in notebooks})
+    needed = sorted({stem for _, stem in found})
+    api = build_course([nb for nb in notebooks if nb.stem in needed], course, timeout)
+    points = {nb.stem: exercises(nb) for nb in notebooks if nb.stem in needed}
+    for (student, stem), path in sorted(found.items()):
+        release_nb = course / "release" / stem / f"{stem}.ipynb"
+        reason = validate(path, release_nb, course / "source" / stem / f"{stem}.ipynb")
+        if reason:
+            results.append(Result(student, stem, failed=reason))
+            continue
+        target = course / "submitted" / student / stem / f"{stem}.ipynb"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        with _quiet():
+            outcome = api.autograde(stem, student, force=True, create=True)
+        log = outcome.get("log", "") + outcome.get("error", "")
+        if "Timeout waiting for execute reply" in log or "CellTimeoutError" in log:
+            results.append(Result(student, stem, failed=f"a cell ran longer than the {timeout} s limit per cell"))
+        elif not outcome["success"]:
+            last = (outcome.get("error") or log).strip().splitlines()[-1:] or ["unknown error"]
+            results.append(Result(student, stem, failed=f"nbgrader could not grade it ({last[0]})"))
+        else:
+            results.append(Result(student, stem, scores=_scores(course, stem, student, points[stem])))
+    return sorted(results, key=lambda r: (r.student, r.notebook))
+
+
+def _scores(course: Path, stem: str, student: str, exs: list[Exercise]) -> dict[str, float]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        notebook = gradebook.find_submission_notebook(stem, stem, student)
+        by_cell = {grade.cell.name: grade.score for grade in notebook.grades}
+    return {ex.grade_id: float(by_cell.get(ex.grade_id, 0.0)) for ex in exs}
+
+
+def format_table(results: list[Result], notebooks_dir: Path = NOTEBOOKS) -> str:
+    """One table per notebook: a row per student, a column per exercise, total and status."""
+    lines: list[str] = []
+    by_notebook: dict[str, list[Result]] = {}
+    for r in results:
+        by_notebook.setdefault(r.notebook, []).append(r)
+    known = {nb.stem: nb for nb in course_notebooks(notebooks_dir)}
+    for stem, rows in sorted(by_notebook.items()):
+        exs = exercises(known[stem]) if stem in known else []
+        headers = ["student"] + [ex.grade_id for ex in exs] + ["total", "status"]
+        table = []
+        for r in rows:
+            if r.failed:
+                cells = ["-"] * len(exs) + ["-", f"FAILED: {r.failed}"]
+            else:
+                cells = [f"{r.scores.get(ex.grade_id, 0):g}/{ex.points:g}" for ex in exs]
+                cells += [f"{r.total:g}/{sum(ex.points for ex in exs):g}", "graded"]
+            table.append([r.student] + cells)
+        widths = [max(len(str(row[i])) for row in [headers] + table) for i in range(len(headers))]
+        lines.append(f"## {stem}")
+        for row in [headers] + table:
+            lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Student release and autograding (nbgrader).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rel = sub.add_parser("release", help="write the student notebooks")
+    rel.add_argument("--out", type=Path, default=BUILD / "release")
+    grade = sub.add_parser("autograde", help="grade a folder of submissions (one sub-folder per student)")
+    grade.add_argument("submissions", type=Path)
+    grade.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT, help="seconds allowed per cell")
+    args = parser.parse_args(argv)
+    if args.command == "release":
+        for path in release(args.out):
+            print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+        return 0
+    if not args.submissions.is_dir():
+        print(f"no submissions folder at {args.submissions}: make one sub-folder per student, "
+              "each with that student's notebooks", file=sys.stderr)
+        return 2
+    results = autograde(args.submissions, timeout=args.timeout)
+    if not results:
+        print(f"no notebooks found under {args.submissions}/<student>/", file=sys.stderr)
+        return 2
+    print(format_table(results))
+    print(f"autograded notebooks with feedback: {BUILD / 'grading' / 'autograded'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Figures for the course. Every function returns a matplotlib Figure.
+
+Figures are built with ``matplotlib.figure.Figure`` rather than pyplot, so a
+notebook shows a figure exactly once: when it is the last expression of a
+cell. Assign it (``fig = show_attention(...)``) to keep it without showing it.
+Style (sizes, colours) comes from the pinned ``matplotlibrc`` that
+``course_utils.setup()`` loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+# Colour-blind-safe sequential map; the same fixed [0, 1] scale in every heatmap.
+ATTENTION_CMAP = "viridis"
+
+
+def _as_matrix(weights: Any) -> np.ndarray:
+    if isinstance(weights, torch.Tensor):
+        weights = weights.detach().cpu().float().numpy()
+    array = np.asarray(weights, dtype=float)
+    while array.ndim > 2 and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim != 2:
+        raise ValueError(
+            f"show_attention expects weights of shape (T, S) for one example and one head, got {array.shape}: "
+            "pick one with weights[b] (and weights[b, h] for several heads)"
+        )
+    if not np.isfinite(array).all():
+        raise ValueError("show_attention got NaN or inf weights: check the masked softmax (fully-masked rows?)")
+    return array
+
+
+def show_attention(
+    weights: Any,
+    query_labels: Sequence[str] | None = None,
+    key_labels: Sequence[str] | None = None,
+    title: str | None = None,
+    ax: Axes | None = None,
+    annotate: bool | None = None,
+) -> Figure:
+    """Heatmap of attention weights: queries on the y-axis, keys on the x-axis.
+
+    The colour scale is fixed to [0, 1] (weights are probabilities) so that
+    two heatmaps can be compared by eye.
+
+    Args:
+        weights: (T, S) tensor or array (leading size-1 dims are dropped),
+            ``weights[i, j]`` = weight of key j for query i.
+        query_labels: T labels for the rows (tokens or positions).
+        key_labels: S labels for the columns.
+        title: Axes title.
+        ax: Draw into this Axes instead of a new Figure.
+        annotate: Write each weight in its cell (default: when T, S <= 8).
+
+    Returns:
+        The Figure holding the heatmap.
+
+    Raises:
+        ValueError: If the weights are not 2-D, not finite, or the labels do
+            not match their number of rows/columns.
+    """
+    matrix = _as_matrix(weights)
+    T, S = matrix.shape
+    if query_labels is not None and len(query_labels) != T:
+        raise ValueError(f"{len(query_labels)} query labels for {T} rows (queries): give one label per query")
+    if key_labels is not None and len(key_labels) != S:
+        raise ValueError(f"{len(key_labels)} key labels for {S} columns (keys): give one label per key")
+    if ax is None:
+        fig = Figure(figsize=(1.6 + 0.55 * max(S, 4), 1.0 + 0.5 * max(T, 3)))
+        ax = fig.add_subplot()
+    else:
+        fig = ax.figure
+    image = ax.imshow(matrix, cmap=ATTENTION_CMAP, vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(S), list(key_labels) if key_labels is not None else range(S),
+                  rotation=90 if key_labels is not None and max(len(str(k)) for k in key_labels) > 3 else 0)
+    ax.set_yticks(range(T), list(query_labels) if query_labels is not None else range(T))
+    ax.set_xlabel("keys (j)")
+    ax.set_ylabel("queries (i)")
+    if title:
+        ax.set_title(title)
+    if annotate is None:
+        annotate = T <= 8 and S <= 8
+    if annotate:
+        for i in range(T):
+            for j in range(S):
+                colour = "black" if matrix[i, j] > 0.6 else "white"
+                ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=8, color=colour)
+    fig.colorbar(image, ax=ax, label="weight", fraction=0.05)
+    return fig

@@ -1,0 +1,150 @@
+"""nbgrader pipeline: the release hides solutions and hidden tests; autograding gives the right marks.
+
+For every notebook: the instructor version gets full marks, the untouched
+release gets zero without crashing, and a submission with one known-buggy
+exercise (tests/buggy_answers.py) loses exactly that exercise's points.
+Bad submissions are reported as failed with a reason while the rest are graded,
+and grading never modifies its inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from buggy_answers import BUGGY
+from conftest import NOTEBOOKS, ROOT
+from course_utils import grading
+
+SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
+HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
+
+
+def _ids(paths):
+    return [p.stem for p in paths]
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _with_answer(nb, grade_id: str, source: str):
+    nb = copy.deepcopy(nb)
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+    cell.source = source
+    return nb
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("release")
+    before = _digest(ROOT / "notebooks")
+    grading.release(out=out)
+    assert _digest(ROOT / "notebooks") == before, "the release changed the instructor notebooks"
+    return out
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_release_has_no_solutions_no_hidden_tests_no_outputs(path, released):
+    instructor = nbformat.read(path, as_version=4)
+    student = released / path.name
+    text = student.read_text(encoding="utf-8")
+    assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text
+    secret_lines = set()
+    for cell in instructor.cells:
+        for block in SOLUTION.findall(cell.source) + HIDDEN.findall(cell.source):
+            secret_lines |= {line.strip() for line in block.splitlines() if len(line.strip()) > 8}
+    assert secret_lines, "the instructor notebook has solutions and hidden tests"
+    release_nb = nbformat.read(student, as_version=4)
+    release_code = "\n".join(c.source for c in release_nb.cells)
+    leaked = sorted(line for line in secret_lines if line in release_code)
+    assert not leaked, f"solution or hidden-test lines left in the student release: {leaked}"
+    assert all(not c.get("outputs") for c in release_nb.cells if c.cell_type == "code"), "the release has outputs"
+    stubs = [c for c in release_nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+    assert stubs and all("raise NotImplementedError()" in c.source for c in stubs)
+
+
+def test_every_exercise_has_a_known_buggy_answer():
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        solutions = {c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")}
+        assert solutions == set(BUGGY.get(path.stem, {})), f"tests/buggy_answers.py must cover every exercise of {path.name}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_autograde_round_trip(path, released, tmp_path):
+    instructor = nbformat.read(path, as_version=4)
+    exercises = grading.exercises(path)
+    points = {ex.grade_id: ex.points for ex in exercises}
+    submissions = tmp_path / "submissions"
+    (submissions / "instructor").mkdir(parents=True)
+    nbformat.write(instructor, submissions / "instructor" / path.name)
+    (submissions / "untouched").mkdir()
+    (submissions / "untouched" / path.name).write_bytes((released / path.name).read_bytes())
+    # a solution cell and the test cell that grades it share a prefix: <name> / <name>_tests
+    for grade_id, source in BUGGY[path.stem].items():
+        (submissions / f"buggy-{grade_id}").mkdir()
+        nbformat.write(_with_answer(instructor, grade_id, source), submissions / f"buggy-{grade_id}" / path.name)
+    before = _digest(submissions)
+
+    results = {r.student: r for r in grading.autograde(submissions, course=tmp_path / "course", timeout=300)}
+
+    assert _digest(submissions) == before, "grading modified the submitted files"
+    assert all(not r.failed for r in results.values()), {s: r.failed for s, r in results.items() if r.failed}
+    assert results["instructor"].scores == points, "the instructor version must get full marks"
+    assert results["untouched"].scores == {g: 0.0 for g in points}, "the untouched release must get zero"
+    for grade_id in BUGGY[path.stem]:
+        expected = dict(points, **{f"{grade_id}_tests": 0.0})
+        assert results[f"buggy-{grade_id}"].scores == expected, f"a wrong {grade_id} must lose exactly its points"
+
+
+def test_bad_submissions_fail_with_a_reason_and_the_rest_are_graded(released, tmp_path):
+    path = NOTEBOOKS[0]
+    instructor = nbformat.read(path, as_version=4)
+    first_test = grading.exercises(path)[0].grade_id
+    subs = tmp_path / "submissions"
+    for student in ("good", "badjson", "deleted", "edited", "hangs", "extra"):
+        (subs / student).mkdir(parents=True)
+    nbformat.write(instructor, subs / "good" / path.name)
+    (subs / "badjson" / path.name).write_text('{"cells": [', encoding="utf-8")
+    deleted = copy.deepcopy(instructor)
+    deleted.cells = [c for c in deleted.cells if c.metadata.get("nbgrader", {}).get("grade_id") != first_test]
+    nbformat.write(deleted, subs / "deleted" / path.name)
+    nbformat.write(_with_answer(instructor, first_test, "pass  # tests removed"), subs / "edited" / path.name)
+    solution_id = next(iter(BUGGY[path.stem]))
+    nbformat.write(_with_answer(instructor, solution_id, "import time\nwhile True:\n    time.sleep(0.1)\n"),
+                   subs / "hangs" / path.name)
+    nbformat.write(instructor, subs / "extra" / "99_not_in_course.ipynb")
+    before_subs, before_nbs = _digest(subs), _digest(ROOT / "notebooks")
+
+    results = {(r.student, r.notebook): r for r in grading.autograde(subs, course=tmp_path / "course", timeout=10)}
+
+    stem = path.stem
+    assert results[("good", stem)].failed == "" and results[("good", stem)].total == sum(
+        ex.points for ex in grading.exercises(path))
+    assert results[("badjson", stem)].failed.startswith("not valid notebook JSON")
+    assert results[("deleted", stem)].failed == f"test cell '{first_test}' was deleted"
+    assert results[("edited", stem)].failed == f"test cell '{first_test}' was edited"
+    assert results[("hangs", stem)].failed == "a cell ran longer than the 10 s limit per cell"
+    assert results[("extra", "99_not_in_course")].failed == "99_not_in_course.ipynb is not a course notebook"
+    assert all(not r.scores for r in results.values() if r.failed)
+    assert _digest(subs) == before_subs and _digest(ROOT / "notebooks") == before_nbs, "grading modified its inputs"
+
+    table = grading.format_table(list(results.values()))
+    assert re.search(rf"good\s+.*{sum(ex.points for ex in grading.exercises(path)):g}/\S+\s+graded", table)
+    assert "FAILED: test cell" in table
+
+
+def test_grading_command_line_reports_a_missing_folder(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "course_utils.grading", "autograde", str(tmp_path / "nope")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 2
+    assert "no submissions folder" in run.stderr and "Traceback" not in run.stderr

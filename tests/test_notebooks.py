@@ -1,0 +1,180 @@
+"""Notebook hygiene, and agreement between the notebooks and course_utils.
+
+nbval (``--nbval`` in the test command) re-executes every notebook and compares
+every output; these tests check what nbval does not.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import pkgutil
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import course_utils
+
+from conftest import NOTEBOOKS
+
+SECTIONS = ["## Learning objectives", "## Setup", "## Notation", "## Common pitfalls", "## Exercises",
+            "## Summary", "## Further reading"]
+MACHINE_PATH = re.compile(r"(/(root|tmp|work|home|Users|private/var)/|[A-Z]:\\\\)")
+ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
+VOLATILE = re.compile(r"it/s\]|s/it\]|\d{4}-\d\d-\d\dT\d\d:\d\d")
+
+
+def _ids(paths):
+    return [p.stem for p in paths]
+
+
+def _read(path: Path):
+    return nbformat.read(path, as_version=4)
+
+
+def _tags(cell) -> list[str]:
+    return cell.metadata.get("tags", [])
+
+
+def _output_text(output) -> str:
+    parts = [output.get("text", ""), output.get("ename", ""), output.get("evalue", "")]
+    parts += output.get("traceback", [])
+    for mime, value in output.get("data", {}).items():
+        if not mime.startswith("image/png"):
+            parts.append(value if isinstance(value, str) else json.dumps(value))
+    return "\n".join(parts)
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "no notebooks/NN_name.ipynb found"
+    numbers = [p.name[:2] for p in NOTEBOOKS]
+    assert len(set(numbers)) == len(numbers), "a notebook number is used twice"
+    assert numbers[0] == "00"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_name_size_and_format(path):
+    assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), "names are NN_snake_case.ipynb"
+    assert path.stat().st_size < 2_000_000, f"{path.name} is {path.stat().st_size / 1e6:.1f} MB; keep it under 2 MB"
+    nb = _read(path)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_executed_top_to_bottom_in_one_kernel(path):
+    counts = [c.execution_count for c in _read(path).cells if c.cell_type == "code"]
+    assert None not in counts, "some code cells were never executed: run `make execute`"
+    assert counts == list(range(1, len(counts) + 1)), "cells were not run top to bottom in one fresh kernel"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_outputs_are_clean(path):
+    for i, cell in enumerate(_read(path).cells):
+        if cell.cell_type != "code":
+            continue
+        ignored = "nbval-ignore-output" in _tags(cell)
+        for output in cell.outputs:
+            if output.output_type == "error":
+                assert "raises-exception" in _tags(cell), f"cell {i} has an error output ({output.ename})"
+            text = _output_text(output)
+            assert not MACHINE_PATH.search(text), f"cell {i} output shows a machine path"
+            assert not ADDRESS.search(text), f"cell {i} output shows a memory address"
+            if not ignored:
+                assert not VOLATILE.search(text), f"cell {i} output has a rate or timestamp that changes every run"
+            assert "image/svg+xml" not in output.get("data", {}), f"cell {i}: SVG output changes every run; use PNG"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_skeleton(path):
+    nb = _read(path)
+    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    first = nb.cells[0].source
+    assert re.match(rf"# {path.name[:2]} · \S", first), "first cell starts with '# NN · Title'"
+    assert "*Prerequisites:*" in first and "*Runtime:*" in first
+    positions = []
+    for section in SECTIONS:
+        assert re.search(rf"^{re.escape(section)}\s*$", markdown, re.M), f"missing section '{section}'"
+        positions.append(markdown.index(section))
+    assert positions == sorted(positions), f"sections out of order; expected {SECTIONS}"
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert re.search(r"^setup\(", code, re.M), "the Setup section calls setup()"
+    assert not re.search(r"^\s*from \S+ import \*", code, re.M), "no star imports"
+    objectives = markdown.split("## Learning objectives", 1)[1].split("\n## ", 1)[0]
+    bullets = [line for line in objectives.splitlines() if line.startswith("* ")]
+    assert 3 <= len(bullets) <= 5, "3-5 learning objectives"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_exercises_are_graded_and_followed_by_the_reference(path):
+    """Each solution cell has a graded test cell after it; then the notebook goes on with course_utils."""
+    cells = _read(path).cells
+    solutions = [i for i, c in enumerate(cells) if c.metadata.get("nbgrader", {}).get("solution")]
+    assert solutions, "each notebook has graded exercises"
+    for i in solutions:
+        grade_id = cells[i].metadata["nbgrader"]["grade_id"]
+        assert "### BEGIN SOLUTION" in cells[i].source and "### END SOLUTION" in cells[i].source
+        test = cells[i + 1]
+        meta = test.metadata.get("nbgrader", {})
+        assert meta.get("grade") and meta.get("locked") and meta.get("points", 0) > 0, f"{grade_id}: next cell is a graded test cell"
+        assert "### BEGIN HIDDEN TESTS" in test.source, f"{grade_id}: the test cell has hidden tests"
+        assert re.search(r"check_\w+\(", test.source.split("### BEGIN HIDDEN TESTS")[0]), f"{grade_id}: visible tests use a checker"
+        fallback = cells[i + 2].source
+        assert re.search(rf"^{grade_id} = [\w.]+", fallback, re.M), f"{grade_id}: the cell after the test switches to the reference"
+
+
+# --- a concept is written once: notebook code == course_utils code -----------
+
+
+def _public_functions() -> dict[str, object]:
+    """Public functions and classes of course_utils by name; a name defined twice is an error."""
+    found: dict[str, object] = {}
+    for info in pkgutil.iter_modules(course_utils.__path__):
+        if info.name.startswith("_") or info.name in {"execute", "grading"}:
+            continue
+        module = importlib.import_module(f"course_utils.{info.name}")
+        for name, obj in vars(module).items():
+            if not name.startswith("_") and callable(obj) and getattr(obj, "__module__", "") == module.__name__:
+                assert name not in found, (
+                    f"{name} is defined in both {found[name].__module__} and {module.__name__}: "
+                    "define a concept once and import it"
+                )
+                found[name] = obj
+    return found
+
+
+def _normalised(node: ast.AST) -> str:
+    """AST dump without docstrings (comments are already gone)."""
+    node = ast.parse(ast.unparse(node))
+    for sub in ast.walk(node):
+        body = getattr(sub, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+            sub.body = body[1:] or [ast.Pass()]
+    return ast.dump(node)
+
+
+def test_notebook_definitions_match_course_utils():
+    """A function a notebook defines under the name of a course_utils function must be the same code."""
+    import inspect
+
+    library = _public_functions()
+    compared = 0
+    for path in NOTEBOOKS:
+        for cell in _read(path).cells:
+            if cell.cell_type != "code":
+                continue
+            try:
+                tree = ast.parse(cell.source)
+            except SyntaxError:
+                continue
+            for node in tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in library:
+                    reference = ast.parse(inspect.getsource(library[node.name])).body[0]
+                    assert _normalised(node) == _normalised(reference), (
+                        f"{path.name} defines {node.name} differently from course_utils: keep them identical"
+                    )
+                    compared += 1
+    assert compared >= 3, "expected the notebooks' exercise solutions to be compared with course_utils"

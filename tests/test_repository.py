@@ -1,0 +1,69 @@
+"""The repository keeps its promises: exact pins in one list, the README's commands, CI, the syllabus."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from importlib.metadata import version
+
+import nbformat
+
+from conftest import NOTEBOOKS, ROOT
+
+REQUIRED = {"torch": "2.13.0", "nbval": "0.11.0", "nbgrader": None, "jupyterlab": None, "numpy": None,
+            "matplotlib": None, "gensim": None, "pytest": None}
+
+
+def _pins() -> dict[str, str]:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = {}
+    for dep in deps:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)==([0-9][0-9A-Za-z.+-]*)", dep)
+        assert match, f"{dep!r} is not pinned exactly (name==version)"
+        pins[match.group(1).lower()] = match.group(2)
+    return pins
+
+
+def test_every_dependency_is_pinned_exactly_and_installed_at_that_version():
+    pins = _pins()
+    for name, pinned in REQUIRED.items():
+        assert name in pins, f"{name} must be a pinned dependency"
+        if pinned:
+            assert pins[name] == pinned
+    for name, pinned in pins.items():
+        installed = version(name)
+        assert installed.split("+")[0] == pinned, f"{name} {installed} is installed but {pinned} is pinned: run make setup"
+
+
+def test_environment_yml_uses_the_same_single_list():
+    text = (ROOT / "environment.yml").read_text()
+    assert re.search(r"^\s*- python=3\.11\s*$", text, re.M), "environment.yml pins Python 3.11"
+    assert re.search(r"^\s*- -e \.\s*$", text, re.M), "environment.yml installs this package (and so its pins)"
+    entries = re.findall(r"^\s*- ([^\s#]+)", text, re.M)
+    assert set(entries) <= {"conda-forge", "python=3.11", "pip", "pip:", "-e"}, f"no second list of pins: {entries}"
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"] == "==3.11.*"
+
+
+def test_readme_quick_start_and_ci_use_the_same_commands():
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"^make \w+$", quick, re.M)
+    assert commands == ["make lab", "make test"], commands
+    makefile = (ROOT / "Makefile").read_text()
+    for target in ("setup", "lab", "test", "execute", "release", "grade"):
+        assert re.search(rf"^{target}:", makefile, re.M), f"Makefile has no '{target}' target"
+        assert f"make {target}" in readme, f"README does not explain make {target}"
+    assert re.search(r"^make test$", (ROOT / ".ci" / "run").read_text(), re.M), ".ci/run must call the README's test command"
+    assert "--nbval " in makefile + (ROOT / "pyproject.toml").read_text() and "--nbval-lax" not in makefile
+
+
+def test_syllabus_table_lists_every_notebook_with_measured_minutes():
+    readme = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| \[(\d\d)[^\]]*\]\(notebooks/([^)]+)\) \|(.*)\|\s*$", readme, re.M)
+    listed = {name for _, name, _ in rows}
+    assert listed == {p.name for p in NOTEBOOKS}, "the syllabus table must list exactly the notebooks in notebooks/"
+    for _, name, rest in rows:
+        minutes = rest.split("|")[-1].strip()
+        assert re.fullmatch(r"\d+\.\d", minutes), f"{name}: measured CPU minutes missing (run make execute)"
+        first = nbformat.read(ROOT / "notebooks" / name, as_version=4).cells[0].source
+        assert "*Runtime:*" in first
