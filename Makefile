@@ -33,8 +33,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e .
 	@touch $@
 
+# JupyterLab refuses to start as root (containers, some CI) unless told.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: setup
-	$(BIN)/jupyter lab --notebook-dir=. notebooks/00_orientation.ipynb
+	$(BIN)/jupyter lab $(ROOT_FLAG) --notebook-dir=. notebooks/00_orientation.ipynb
 
 test: setup
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope
