@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import logging
@@ -148,25 +149,38 @@ def _quiet():
 def release(out: Path = BUILD / "release", notebooks_dir: Path = NOTEBOOKS) -> list[Path]:
     """Write the student version of every notebook (no solutions, no hidden tests, no outputs).
 
+    A learner works in these files, so a file changed since it was released is
+    kept, never overwritten; delete it to get a fresh copy. What was released
+    is recorded in ``out/.released.json`` (sha256 per notebook).
+
     Args:
-        out: Folder for the student notebooks (recreated).
+        out: Folder for the student notebooks.
         notebooks_dir: Folder of instructor notebooks.
 
     Returns:
-        The student notebooks written.
+        The student notebooks written (kept ones are not included).
     """
     notebooks = course_notebooks(notebooks_dir)
     course = BUILD / "nbgrader-release"
     build_course(notebooks, course)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest_path = out / ".released.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     written = []
     for nb in notebooks:
         target = out / nb.name
-        shutil.copy2(course / "release" / nb.stem / nb.name, target)
+        if target.exists() and _sha256(target) != manifest.get(nb.name):
+            print(f"kept {target.name}: you changed it since it was released (delete it for a fresh copy)")
+            continue
+        shutil.copyfile(course / "release" / nb.stem / nb.name, target)
+        manifest[nb.name] = _sha256(target)
         written.append(target)
+    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return written
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _find_submissions(submissions: Path, names: set[str]) -> tuple[dict[tuple[str, str], Path], list[Result]]:

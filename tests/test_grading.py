@@ -148,3 +148,18 @@ def test_grading_command_line_reports_a_missing_folder(tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 2
     assert "no submissions folder" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_release_keeps_a_learners_edited_notebook(tmp_path):
+    out = tmp_path / "release"
+    first = grading.release(out=out)
+    assert [p.name for p in first] == [p.name for p in NOTEBOOKS]
+    edited = out / NOTEBOOKS[0].name
+    edited.write_text(edited.read_text(encoding="utf-8").replace("# YOUR CODE HERE", "# my attempt"), encoding="utf-8")
+    mine = edited.read_bytes()
+    second = grading.release(out=out)
+    assert edited.read_bytes() == mine, "make release overwrote a learner's work"
+    assert edited not in second
+    edited.unlink()
+    assert edited in grading.release(out=out)  # deleted -> fresh copy
+    assert "my attempt" not in edited.read_text(encoding="utf-8")
