@@ -45,7 +45,32 @@ def setup(seed: int = 0, threads: int = 1, precision: int = 4) -> None:
     torch.set_printoptions(precision=precision, sci_mode=False, linewidth=100)
     np.set_printoptions(precision=precision, suppress=True, linewidth=100)
     _inline_figures()
+    _short_check_errors()
     matplotlib.rc_file(MATPLOTLIBRC)  # after the inline backend, which sets its own defaults
+
+
+def _short_check_errors() -> None:
+    """In a notebook, show a failed exercise check as its message, without library frames.
+
+    The cell still ends in an error (so a graded test cell scores 0); only the
+    display is shortened to what the learner needs: what was expected, what
+    came back, what to look at.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    from course_utils.checks import CheckError
+
+    def show(shell, etype, value, tb, tb_offset=None):  # noqa: ARG001 - IPython's handler signature
+        short = [f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}"]
+        shell._showtraceback(etype, value, short)  # sends the error output (ename, evalue, this traceback)
+        return short
+
+    shell.set_custom_exc((CheckError,), show)
 
 
 def _inline_figures() -> None:

@@ -202,3 +202,21 @@ def test_buggy_answers_used_for_grading_are_rejected_by_the_checkers():
         exec(source, namespace)  # noqa: S102 - test fixture code
         with pytest.raises(CheckError):
             checkers[grade_id](namespace[grade_id])
+
+
+def test_a_failed_check_in_a_notebook_shows_only_its_message():
+    """In a kernel, setup() shortens a CheckError to its message; the cell still fails (nbgrader scores 0)."""
+    from nbclient import NotebookClient
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook(cells=[
+        new_code_cell("from course_utils import setup\nfrom course_utils.checks import check_masked_softmax\nsetup()"),
+        new_code_cell("check_masked_softmax(lambda scores, mask: scores.softmax(-1) * mask)"),
+        new_code_cell("print('after')"),
+    ])
+    NotebookClient(nb, kernel_name="python3", allow_errors=True, timeout=60).execute()
+    (error,) = nb.cells[1].outputs
+    assert error.output_type == "error" and error.ename == "CheckError"
+    assert len(error.traceback) == 1 and "checks.py" not in error.traceback[0]
+    assert "zeroed after the softmax" in error.traceback[0]
+    assert nb.cells[2].outputs[0].text == "after\n"
