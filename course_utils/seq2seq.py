@@ -1,0 +1,546 @@
+"""GRU encoder-decoder models, with and without (Bahdanau) attention.
+
+The two decoders differ in exactly one thing, the *context vector* fed to the
+decoder GRU at every step:
+
+* :class:`PlainDecoder` (Cho et al. 2014): the same vector at every step, the
+  encoder's final state. The whole source must squeeze through it: the
+  context-vector bottleneck.
+* :class:`AttentionDecoder` (Bahdanau, Cho & Bengio 2014, arXiv:1409.0473): a
+  fresh vector at every step, a weighted average of *all* encoder states,
+  with weights given by a score between the previous decoder state and each
+  encoder state.
+
+Dimension letters in shape comments: ``B`` batch, ``S`` source length,
+``T`` target length, ``H`` hidden size (per direction), ``D`` a width
+(``Dq`` query, ``Dk`` key, ``Dv`` value, ``A`` attention size), ``E`` embedding
+size, ``V`` vocabulary size. Masks are boolean, ``True`` = a real token that
+may be attended to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from course_utils.attention import masked_softmax  # True = may attend; fully masked rows -> 0, not NaN
+
+DecoderKind = Literal["plain", "attention"]
+ScoreKind = Literal["additive", "concat", "dot", "bilinear"]
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig:
+    """Everything that defines one run of the length experiment.
+
+    The *same* config is used for the plain and the attention model, so both
+    get the same sizes, data and training budget; only the decoder differs.
+    """
+
+    # --- task / data ---
+    task: Literal["reversal", "dates"] = "reversal"  # which toy task to train on
+    min_len: int = 3  # reversal: shortest source length (inclusive)
+    max_len: int = 20  # reversal: longest training source length (inclusive)
+    n_symbols: int = 10  # reversal: alphabet size (plus <pad>, <sos>, <eos>)
+    n_train: int = 12_000  # distinct training pairs (reshuffled each epoch; 600 x 64 = 3.2 epochs)
+    n_test_per_length: int = 300  # reversal: test pairs per source length; dates: n_test_per_length * 10 pairs
+    # --- model ---
+    embed_size: int = 32  # E: token embedding size (encoder and decoder)
+    hidden_size: int = 64  # H: GRU hidden size (per direction in the encoder; the decoder has H)
+    bidirectional: bool = True  # encoder reads the source both ways, states are 2H wide
+    score: ScoreKind = "additive"  # attention score function (attention decoder only)
+    attn_size: int = 64  # A: width of the additive / concat scorer's hidden layer
+    # --- training budget (identical for both decoders) ---
+    steps: int = 600  # optimizer steps
+    batch_size: int = 64  # B: pairs per step
+    lr: float = 3e-3  # peak Adam learning rate
+    warmup_steps: int = 50  # linear warm-up from 0 to lr
+    lr_decay: Literal["cosine", "constant"] = "cosine"  # after warm-up: cosine decay to min_lr_frac * lr, or constant
+    min_lr_frac: float = 0.05  # final learning rate as a fraction of lr (cosine only)
+    grad_clip: float = 1.0  # max global gradient norm (0 = no clipping)
+    # --- reproducibility ---
+    seed: int = 0  # seeds model init (torch.manual_seed), batch order and the training data
+    num_threads: int = 1  # torch.set_num_threads during training/eval (results depend on it)
+    log_every: int = 100  # progress=True prints the rounded loss every log_every steps
+
+
+# --------------------------------------------------------------------------
+# Encoder
+# --------------------------------------------------------------------------
+
+
+class Encoder(nn.Module):
+    """Embedding + (bi)GRU over the source.
+
+    Bidirectional by default, as in Bahdanau et al.: the state at position
+    ``j`` then summarises the source both before and after ``j``, which is
+    what an attention read at ``j`` should return. Padding is packed away, so
+    padded positions never influence the real states.
+
+    Args:
+        vocab_size: Source vocabulary size ``V``.
+        embed_size: Embedding size ``E``.
+        hidden_size: GRU hidden size ``H`` per direction.
+        bidirectional: Run a second GRU right-to-left and concatenate.
+    """
+
+    def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, bidirectional: bool = True):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=0)
+        self.gru = nn.GRU(embed_size, hidden_size, batch_first=True, bidirectional=bidirectional)
+        self.out_size = hidden_size * (2 if bidirectional else 1)  # Dk = 2H or H
+
+    def forward(self, src: torch.Tensor, src_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encode a padded batch.
+
+        Args:
+            src: Source ids, ``(B, S)``, right-padded with 0.
+            src_lengths: Real lengths, ``(B,)``.
+
+        Returns:
+            ``states`` ``(B, S, Dk)`` (zeros at padded positions) and
+            ``final`` ``(B, Dk)``: the last forward state concatenated with the
+            last (i.e. first-position) backward state.
+        """
+        emb = self.embedding(src)  # (B, S) -> (B, S, E)
+        packed = pack_padded_sequence(emb, src_lengths.cpu(), batch_first=True, enforce_sorted=False)
+        packed_states, h_n = self.gru(packed)  # h_n: (num_directions, B, H)
+        states, _ = pad_packed_sequence(packed_states, batch_first=True, total_length=src.shape[1])  # (B, S, Dk)
+        final = torch.cat(list(h_n), dim=-1)  # num_directions x (B, H) -> (B, Dk)
+        return states, final
+
+
+# --------------------------------------------------------------------------
+# Attention: score functions and the masked softmax
+# --------------------------------------------------------------------------
+
+
+class AdditiveScore(nn.Module):
+    """Bahdanau's additive score ``v^T tanh(W_q q + W_k k_j)``.
+
+    Args:
+        query_size: ``Dq``.
+        key_size: ``Dk``.
+        attn_size: ``A``, width of the hidden layer.
+    """
+
+    def __init__(self, query_size: int, key_size: int, attn_size: int):
+        super().__init__()
+        self.W_q = nn.Linear(query_size, attn_size, bias=False)
+        self.W_k = nn.Linear(key_size, attn_size, bias=True)
+        self.v = nn.Linear(attn_size, 1, bias=False)
+
+    def precompute(self, keys: torch.Tensor) -> torch.Tensor:
+        """``W_k k`` for all positions; it does not depend on the query, so a decoder computes it once."""
+        return self.W_k(keys)  # (B, S, Dk) -> (B, S, A)
+
+    def score(self, query: torch.Tensor, projected_keys: torch.Tensor) -> torch.Tensor:
+        """Scores from a query and the output of :meth:`precompute`, ``(B, S)``."""
+        q = self.W_q(query)  # (B, Dq) -> (B, A)
+        hidden = torch.tanh(q.unsqueeze(1) + projected_keys)  # (B, 1, A) + (B, S, A) -> (B, S, A)
+        return self.v(hidden).squeeze(-1)  # (B, S, A) -> (B, S, 1) -> (B, S)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Unnormalised scores.
+
+        Args:
+            query: ``(B, Dq)``, e.g. the previous decoder state.
+            keys: ``(B, S, Dk)``, e.g. the encoder states.
+            mask: ``(B, S)`` bool, True = may attend. Unused here (the scores
+                of masked positions are removed by :func:`attend`, with
+                :func:`course_utils.attention.masked_softmax`); accepted so
+                that all scorers share one signature.
+
+        Returns:
+            Scores ``(B, S)``.
+        """
+        return self.score(query, self.precompute(keys))
+
+
+class ConcatScore(nn.Module):
+    """The "concat" score ``v^T tanh(W [q; k_j])`` (Luong et al. 2015).
+
+    Writing ``W = [W_q  W_k]`` in two column blocks gives
+    ``W [q; k] = W_q q + W_k k``: this *is* the additive score. The code
+    below builds the concatenation literally (broadcasting the query over the
+    source positions), which costs more than :class:`AdditiveScore`.
+    """
+
+    def __init__(self, query_size: int, key_size: int, attn_size: int):
+        super().__init__()
+        self.W = nn.Linear(query_size + key_size, attn_size, bias=True)
+        self.v = nn.Linear(attn_size, 1, bias=False)
+
+    def precompute(self, keys: torch.Tensor) -> torch.Tensor:
+        """Nothing to precompute: the keys are returned unchanged."""
+        return keys
+
+    def score(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Scores ``(B, S)``."""
+        q = query.unsqueeze(1).expand(-1, keys.shape[1], -1)  # (B, Dq) -> (B, S, Dq)
+        both = torch.cat([q, keys], dim=-1)  # (B, S, Dq) ++ (B, S, Dk) -> (B, S, Dq + Dk)
+        return self.v(torch.tanh(self.W(both))).squeeze(-1)  # (B, S, Dq+Dk) -> (B, S, A) -> (B, S)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores ``(B, S)`` for query ``(B, Dq)`` and keys ``(B, S, Dk)``; see :class:`AdditiveScore`."""
+        return self.score(query, keys)
+
+
+class DotScore(nn.Module):
+    """The dot-product score ``q^T k_j`` (no parameters; needs ``Dq == Dk``)."""
+
+    def precompute(self, keys: torch.Tensor) -> torch.Tensor:
+        """Nothing to precompute: the keys are returned unchanged."""
+        return keys
+
+    def score(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Scores ``(B, S)``."""
+        if query.shape[-1] != keys.shape[-1]:
+            raise ValueError(f"DotScore needs equal widths, got query {query.shape[-1]} and keys {keys.shape[-1]}")
+        return torch.bmm(keys, query.unsqueeze(-1)).squeeze(-1)  # (B, S, D) @ (B, D, 1) -> (B, S, 1) -> (B, S)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores ``(B, S)`` for query ``(B, D)`` and keys ``(B, S, D)``; see :class:`AdditiveScore`."""
+        return self.score(query, keys)
+
+
+class BilinearScore(nn.Module):
+    """Luong's "general" score ``q^T W k_j`` (works for ``Dq != Dk``)."""
+
+    def __init__(self, query_size: int, key_size: int):
+        super().__init__()
+        self.W = nn.Linear(key_size, query_size, bias=False)
+
+    def precompute(self, keys: torch.Tensor) -> torch.Tensor:
+        """``W k`` for all positions, ``(B, S, Dq)``."""
+        return self.W(keys)  # (B, S, Dk) -> (B, S, Dq)
+
+    def score(self, query: torch.Tensor, projected_keys: torch.Tensor) -> torch.Tensor:
+        """Scores ``(B, S)`` from a query and the output of :meth:`precompute`."""
+        return torch.bmm(projected_keys, query.unsqueeze(-1)).squeeze(-1)  # (B, S, Dq) @ (B, Dq, 1) -> (B, S)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores ``(B, S)`` for query ``(B, Dq)`` and keys ``(B, S, Dk)``; see :class:`AdditiveScore`."""
+        return self.score(query, self.precompute(keys))
+
+
+def make_scorer(kind: ScoreKind, query_size: int, key_size: int, attn_size: int) -> nn.Module:
+    """Build one of the four score modules by name."""
+    if kind == "additive":
+        return AdditiveScore(query_size, key_size, attn_size)
+    if kind == "concat":
+        return ConcatScore(query_size, key_size, attn_size)
+    if kind == "dot":
+        return DotScore()
+    if kind == "bilinear":
+        return BilinearScore(query_size, key_size)
+    raise ValueError(f"unknown score {kind!r}")
+
+
+def attend(
+    scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn scores into attention weights and a context vector.
+
+    Args:
+        scores: ``(B, S)`` unnormalised scores.
+        values: ``(B, S, Dv)`` vectors to average (here: the encoder states).
+        mask: ``(B, S)`` bool, True = may attend; ``None`` = attend everywhere.
+
+    Returns:
+        ``context`` ``(B, Dv)`` = sum_j weights_j * values_j, and ``weights``
+        ``(B, S)``.
+    """
+    if mask is None:
+        mask = torch.ones_like(scores, dtype=torch.bool)
+    weights = masked_softmax(scores, mask)  # (B, S); exactly 0 at masked positions
+    context = torch.bmm(weights.unsqueeze(1), values).squeeze(1)  # (B, 1, S) @ (B, S, Dv) -> (B, 1, Dv) -> (B, Dv)
+    return context, weights
+
+
+# --------------------------------------------------------------------------
+# Decoders
+# --------------------------------------------------------------------------
+
+
+class PlainDecoder(nn.Module):
+    """GRU decoder conditioned only on the encoder's final state (the bottleneck).
+
+    As in Cho et al. (2014): the fixed context ``c`` (the encoder's final
+    state) initialises the decoder state and is fed again at every step::
+
+        s_0 = tanh(W_init c)
+        s_i = GRU([emb(y_{i-1}); c], s_{i-1})
+        logits_i = W_out [s_i; c; emb(y_{i-1})]
+
+    Args:
+        vocab_size: Target vocabulary size ``V``.
+        embed_size: ``E``.
+        hidden_size: Decoder GRU size ``H``.
+        context_size: Width ``Dk`` of the encoder's final state.
+    """
+
+    def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, context_size: int):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=0)
+        self.init_state = nn.Linear(context_size, hidden_size)
+        self.gru = nn.GRU(embed_size + context_size, hidden_size, batch_first=True)
+        self.out = nn.Linear(hidden_size + context_size + embed_size, vocab_size)
+
+    def initial_state(self, enc_final: torch.Tensor) -> torch.Tensor:
+        """``s_0 = tanh(W_init c)``, ``(B, Dk) -> (B, H)``."""
+        return torch.tanh(self.init_state(enc_final))  # (B, Dk) -> (B, H)
+
+    def step(
+        self, y_prev: torch.Tensor, state: torch.Tensor, enc_final: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoding step.
+
+        Args:
+            y_prev: Previous tokens ``(B,)``.
+            state: ``s_{i-1}``, ``(B, H)``.
+            enc_final: ``c``, ``(B, Dk)``.
+
+        Returns:
+            ``logits`` ``(B, V)`` and the new state ``s_i`` ``(B, H)``.
+        """
+        logits, state = self.forward(y_prev.unsqueeze(1), enc_final, state=state)  # (B,) -> (B, 1)
+        return logits.squeeze(1), state  # (B, 1, V) -> (B, V)
+
+    def forward(
+        self, tgt_in: torch.Tensor, enc_final: torch.Tensor, state: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced decoding of a whole target (one cuDNN-style GRU call).
+
+        Args:
+            tgt_in: Decoder inputs ``<sos> y_1 ...``, ``(B, T)``.
+            enc_final: The encoder's final state ``c``, ``(B, Dk)``.
+            state: Optional ``s_0`` ``(B, H)``; default ``tanh(W_init c)``.
+
+        Returns:
+            ``logits`` ``(B, T, V)`` and the last state ``(B, H)``.
+        """
+        if state is None:
+            state = self.initial_state(enc_final)  # (B, H)
+        emb = self.embedding(tgt_in)  # (B, T) -> (B, T, E)
+        context = enc_final.unsqueeze(1).expand(-1, tgt_in.shape[1], -1)  # (B, Dk) -> (B, T, Dk): same c every step
+        states, h_n = self.gru(torch.cat([emb, context], dim=-1), state.unsqueeze(0))  # (B, T, E+Dk) -> (B, T, H)
+        logits = self.out(torch.cat([states, context, emb], dim=-1))  # (B, T, H+Dk+E) -> (B, T, V)
+        return logits, h_n.squeeze(0)  # (1, B, H) -> (B, H)
+
+
+class AttentionDecoder(nn.Module):
+    """GRU decoder with Bahdanau attention over all encoder states.
+
+    Identical to :class:`PlainDecoder` except that the context is recomputed
+    at every step from the previous state::
+
+        s_0 = tanh(W_init c_final)
+        a_i = attend(score(s_{i-1}, h_1..h_S))      # weights over source positions
+        c_i = sum_j a_ij h_j
+        s_i = GRU([emb(y_{i-1}); c_i], s_{i-1})
+        logits_i = W_out [s_i; c_i; emb(y_{i-1})]
+
+    Args:
+        vocab_size: Target vocabulary size ``V``.
+        embed_size: ``E``.
+        hidden_size: Decoder GRU size ``H``.
+        context_size: Width ``Dk`` of the encoder states.
+        scorer: A score module (e.g. :class:`AdditiveScore`) with
+            ``precompute(keys)`` and ``score(query, precomputed)``.
+    """
+
+    def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, context_size: int, scorer: nn.Module):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=0)
+        self.init_state = nn.Linear(context_size, hidden_size)
+        self.scorer = scorer
+        self.cell = nn.GRUCell(embed_size + context_size, hidden_size)
+        self.out = nn.Linear(hidden_size + context_size + embed_size, vocab_size)
+
+    def initial_state(self, enc_final: torch.Tensor) -> torch.Tensor:
+        """``s_0 = tanh(W_init c_final)``, ``(B, Dk) -> (B, H)``."""
+        return torch.tanh(self.init_state(enc_final))  # (B, Dk) -> (B, H)
+
+    def step(
+        self,
+        y_prev: torch.Tensor,
+        state: torch.Tensor,
+        enc_states: torch.Tensor,
+        keys: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One decoding step.
+
+        Args:
+            y_prev: Previous tokens ``(B,)``.
+            state: ``s_{i-1}``, ``(B, H)``.
+            enc_states: Encoder states (the values), ``(B, S, Dk)``.
+            keys: ``scorer.precompute(enc_states)``.
+            mask: ``(B, S)`` bool, True on real source tokens.
+
+        Returns:
+            ``state`` ``s_i`` ``(B, H)``, ``context`` ``c_i`` ``(B, Dk)``,
+            ``emb`` ``(B, E)`` and ``weights`` ``(B, S)``. (The output layer
+            is applied outside, to all steps at once.)
+        """
+        scores = self.scorer.score(state, keys)  # query (B, H), keys (B, S, .) -> (B, S)
+        context, weights = attend(scores, enc_states, mask)  # (B, Dk), (B, S)
+        emb = self.embedding(y_prev)  # (B,) -> (B, E)
+        state = self.cell(torch.cat([emb, context], dim=-1), state)  # (B, E+Dk) -> (B, H)
+        return state, context, emb, weights
+
+    def forward(
+        self, tgt_in: torch.Tensor, enc_states: torch.Tensor, enc_final: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced decoding of a whole target.
+
+        Args:
+            tgt_in: Decoder inputs ``<sos> y_1 ...``, ``(B, T)``.
+            enc_states: ``(B, S, Dk)``.
+            enc_final: ``(B, Dk)``.
+            mask: ``(B, S)`` bool, True on real source tokens.
+
+        Returns:
+            ``logits`` ``(B, T, V)`` and attention ``weights`` ``(B, T, S)``.
+        """
+        state = self.initial_state(enc_final)  # (B, H)
+        keys = self.scorer.precompute(enc_states)  # once per sequence, e.g. (B, S, Dk) -> (B, S, A)
+        outs, all_weights = [], []
+        for t in range(tgt_in.shape[1]):
+            state, context, emb, weights = self.step(tgt_in[:, t], state, enc_states, keys, mask)
+            outs.append(torch.cat([state, context, emb], dim=-1))  # (B, H+Dk+E)
+            all_weights.append(weights)
+        logits = self.out(torch.stack(outs, dim=1))  # T x (B, H+Dk+E) -> (B, T, H+Dk+E) -> (B, T, V)
+        return logits, torch.stack(all_weights, dim=1)  # T x (B, S) -> (B, T, S)
+
+
+# --------------------------------------------------------------------------
+# The wrapper
+# --------------------------------------------------------------------------
+
+
+class Seq2Seq(nn.Module):
+    """Encoder + (plain or attention) decoder.
+
+    Args:
+        encoder: An :class:`Encoder`.
+        decoder: A :class:`PlainDecoder` or an :class:`AttentionDecoder`.
+        sos_id: Id of ``<sos>`` (first decoder input at inference).
+        eos_id: Id of ``<eos>`` (greedy decoding stops once every row emitted it).
+    """
+
+    def __init__(self, encoder: Encoder, decoder: PlainDecoder | AttentionDecoder, sos_id: int = 1, eos_id: int = 2):
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        self.sos_id = sos_id
+        self.eos_id = eos_id
+
+    @property
+    def uses_attention(self) -> bool:
+        """True if the decoder attends over the encoder states."""
+        return isinstance(self.decoder, AttentionDecoder)
+
+    def forward_with_weights(
+        self, src: torch.Tensor, src_lengths: torch.Tensor, tgt_in: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Like :meth:`forward`, also returning attention weights ``(B, T, S)`` (``None`` for the plain decoder)."""
+        enc_states, enc_final = self.encoder(src, src_lengths)  # (B, S, Dk), (B, Dk)
+        if self.uses_attention:
+            mask = src != 0  # (B, S): True on real tokens (pad id is 0)
+            return self.decoder(tgt_in, enc_states, enc_final, mask)
+        logits, _ = self.decoder(tgt_in, enc_final)
+        return logits, None
+
+    def forward(self, src: torch.Tensor, src_lengths: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits.
+
+        Args:
+            src: ``(B, S)`` source ids.
+            src_lengths: ``(B,)``.
+            tgt_in: ``(B, T)`` decoder inputs ``<sos> y_1 ... y_{T-1}``.
+
+        Returns:
+            Logits ``(B, T, V)`` for ``y_1 ... y_T``.
+        """
+        return self.forward_with_weights(src, src_lengths, tgt_in)[0]
+
+    @torch.no_grad()
+    def greedy_decode(
+        self, src: torch.Tensor, src_lengths: torch.Tensor, max_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Greedy decoding: feed back the most likely token at every step.
+
+        Args:
+            src: ``(B, S)`` source ids.
+            src_lengths: ``(B,)``.
+            max_len: Maximum number of output tokens ``T`` (including ``<eos>``).
+
+        Returns:
+            ``tokens`` ``(B, T')`` with ``T' <= max_len`` (decoding stops early
+            once every row has produced ``<eos>``; positions after a row's
+            ``<eos>`` hold arbitrary tokens), and the attention ``weights``
+            ``(B, T', S)`` (``None`` for the plain decoder).
+        """
+        enc_states, enc_final = self.encoder(src, src_lengths)  # (B, S, Dk), (B, Dk)
+        dec = self.decoder
+        state = dec.initial_state(enc_final)  # (B, H)
+        y = torch.full((src.shape[0],), self.sos_id, dtype=torch.long, device=src.device)  # (B,)
+        done = torch.zeros_like(y, dtype=torch.bool)  # (B,)
+        tokens, all_weights = [], []
+        if self.uses_attention:
+            mask = src != 0  # (B, S)
+            keys = dec.scorer.precompute(enc_states)
+        for _ in range(max_len):
+            if self.uses_attention:
+                state, context, emb, weights = dec.step(y, state, enc_states, keys, mask)
+                logits = dec.out(torch.cat([state, context, emb], dim=-1))  # (B, H+Dk+E) -> (B, V)
+                all_weights.append(weights)
+            else:
+                logits, state = dec.step(y, state, enc_final)  # (B, V), (B, H)
+            y = logits.argmax(dim=-1)  # (B, V) -> (B,)
+            tokens.append(y)
+            done = done | (y == self.eos_id)
+            if bool(done.all()):
+                break
+        weights = torch.stack(all_weights, dim=1) if all_weights else None  # T' x (B, S) -> (B, T', S)
+        return torch.stack(tokens, dim=1), weights  # T' x (B,) -> (B, T')
+
+
+def build_seq2seq(
+    config: Seq2SeqConfig, src_vocab_size: int, tgt_vocab_size: int, decoder: DecoderKind = "attention"
+) -> Seq2Seq:
+    """Build a plain or attention model from a config (call ``torch.manual_seed`` first for reproducibility).
+
+    Args:
+        config: Sizes (``embed_size``, ``hidden_size``, ``bidirectional``,
+            ``score``, ``attn_size``).
+        src_vocab_size: Source vocabulary size.
+        tgt_vocab_size: Target vocabulary size.
+        decoder: ``"plain"`` (bottleneck) or ``"attention"`` (Bahdanau).
+    """
+    enc = Encoder(src_vocab_size, config.embed_size, config.hidden_size, config.bidirectional)
+    if decoder == "plain":
+        dec: nn.Module = PlainDecoder(tgt_vocab_size, config.embed_size, config.hidden_size, enc.out_size)
+    elif decoder == "attention":
+        scorer = make_scorer(config.score, config.hidden_size, enc.out_size, config.attn_size)
+        dec = AttentionDecoder(tgt_vocab_size, config.embed_size, config.hidden_size, enc.out_size, scorer)
+    else:
+        raise ValueError(f"decoder must be 'plain' or 'attention', got {decoder!r}")
+    return Seq2Seq(enc, dec)
+
+
+def sequence_loss(logits: torch.Tensor, tgt_out: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
+    """Mean cross-entropy over the real (non-pad) target tokens.
+
+    Args:
+        logits: ``(B, T, V)``.
+        tgt_out: ``(B, T)`` target ids, ``pad_id`` where there is no token.
+    """
+    return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=pad_id)  # (B*T, V) vs (B*T,)

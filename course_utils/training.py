@@ -1,0 +1,275 @@
+"""Training loop, exact-match evaluation and the one-call length experiment.
+
+Typical use in a notebook::
+
+    config = Seq2SeqConfig()                       # reversal, lengths 3..20
+    plain = run_length_experiment(config, decoder="plain")
+    attn = run_length_experiment(config, decoder="attention")
+    plain.accuracy[20], attn.accuracy[20]
+
+Everything is deterministic given ``config.seed`` and ``config.num_threads``
+(the CPU kernels' summation order depends on the thread count).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from course_utils.data import (
+    Batch,
+    Pair,
+    Vocab,
+    date_vocabs,
+    iter_batches,
+    make_batch,
+    make_date_pairs,
+    make_reversal_pairs,
+    make_reversal_test_pairs,
+    reversal_vocab,
+)
+from course_utils.seq2seq import DecoderKind, Seq2Seq, Seq2SeqConfig, build_seq2seq, sequence_loss
+
+
+@contextlib.contextmanager
+def num_threads(n: int) -> Iterator[None]:
+    """Temporarily run torch's CPU kernels on ``n`` threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What :func:`train` measured.
+
+    Attributes:
+        losses: Training loss (mean token cross-entropy) at every step.
+        seconds: Wall time of the training loop (excludes data generation).
+        steps: Number of optimizer steps taken.
+    """
+
+    losses: tuple[float, ...]
+    seconds: float
+    steps: int
+
+
+def learning_rate(step: int, config: Seq2SeqConfig) -> float:
+    """Learning rate at ``step`` (0-based): linear warm-up, then cosine decay or constant."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    if config.lr_decay == "constant":
+        return config.lr
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    floor = config.min_lr_frac
+    return config.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _epoch_batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Endless index batches: reshuffle every epoch, drop the incomplete last batch."""
+    if n < batch_size:
+        raise ValueError(f"need at least batch_size={batch_size} training pairs, got {n}")
+    while True:
+        perm = torch.randperm(n, generator=generator)  # (N,)
+        for start in range(0, n - batch_size + 1, batch_size):
+            yield perm[start : start + batch_size]  # (B,)
+
+
+def train(model: Seq2Seq, data: Batch, config: Seq2SeqConfig, progress: bool = False) -> TrainResult:
+    """Train with Adam, teacher forcing and gradient clipping.
+
+    Batches are drawn from ``data`` without replacement (reshuffled each
+    epoch) with a ``torch.Generator`` seeded by ``config.seed``, and trimmed
+    to their own longest sequence.
+
+    Args:
+        model: The model to train (in place).
+        data: All training pairs, encoded with :func:`~course_utils.data.make_batch`.
+        config: ``steps``, ``batch_size``, ``lr``, ``warmup_steps``,
+            ``lr_decay``, ``min_lr_frac``, ``grad_clip``, ``seed``,
+            ``num_threads`` and ``log_every`` are used.
+        progress: If True, print ``step <k>  loss <x.xxx>`` every
+            ``config.log_every`` steps (deterministic text: no times or rates).
+
+    Returns:
+        A :class:`TrainResult`.
+    """
+    generator = torch.Generator().manual_seed(config.seed)
+    batches = _epoch_batches(len(data), config.batch_size, generator)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    losses = []
+    model.train()
+    with num_threads(config.num_threads):
+        start = time.perf_counter()
+        for step in range(config.steps):
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, config)
+            batch = data.select(next(batches))
+            logits = model(batch.src, batch.src_lengths, batch.tgt_in)  # (B, T, V)
+            loss = sequence_loss(logits, batch.tgt_out)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            losses.append(loss.item())
+            if progress and ((step + 1) % config.log_every == 0 or step + 1 == config.steps):
+                recent = losses[-config.log_every :]
+                print(f"step {step + 1:5d}  loss {sum(recent) / len(recent):.3f}")
+        seconds = time.perf_counter() - start
+    model.eval()
+    return TrainResult(losses=tuple(losses), seconds=seconds, steps=config.steps)
+
+
+@torch.no_grad()
+def exact_match(model: Seq2Seq, data: Batch, batch_size: int = 512) -> torch.Tensor:
+    """Whether greedy decoding reproduces each target exactly (including ``<eos>`` at the right place).
+
+    Args:
+        model: A trained model.
+        data: Encoded pairs, ``N`` rows.
+        batch_size: Rows decoded at once.
+
+    Returns:
+        Bool tensor ``(N,)``.
+    """
+    model.eval()
+    correct = []
+    for batch in iter_batches(data, batch_size):
+        t = batch.tgt_out.shape[1]
+        tokens, _ = model.greedy_decode(batch.src, batch.src_lengths, max_len=t)  # (B, T') with T' <= T
+        tokens = torch.nn.functional.pad(tokens, (0, t - tokens.shape[1]))  # (B, T') -> (B, T), pad id 0
+        real = batch.tgt_out != 0  # (B, T): target positions that must match
+        correct.append(((tokens == batch.tgt_out) | ~real).all(dim=1))  # (B, T) -> (B,)
+    return torch.cat(correct)
+
+
+def accuracy_by_length(
+    model: Seq2Seq, data: Batch | Sequence[Pair], src_vocab: Vocab | None = None, tgt_vocab: Vocab | None = None
+) -> dict[int, float]:
+    """Exact-match accuracy grouped by source length.
+
+    Args:
+        model: A trained model.
+        data: Encoded pairs, or string pairs together with ``src_vocab`` and ``tgt_vocab``.
+        src_vocab: Needed only if ``data`` are string pairs.
+        tgt_vocab: Needed only if ``data`` are string pairs.
+
+    Returns:
+        ``{source_length: fraction of pairs of that length decoded exactly}``, sorted by length.
+    """
+    if not isinstance(data, Batch):
+        if src_vocab is None or tgt_vocab is None:
+            raise ValueError("string pairs need src_vocab and tgt_vocab")
+        data = make_batch(data, src_vocab, tgt_vocab)
+    correct = exact_match(model, data).float()  # (N,)
+    return {
+        int(length): correct[data.src_lengths == length].mean().item()
+        for length in torch.unique(data.src_lengths).tolist()
+    }
+
+
+@dataclass(frozen=True)
+class ExperimentResult:
+    """Output of :func:`run_length_experiment`.
+
+    Attributes:
+        decoder: ``"plain"`` or ``"attention"``.
+        accuracy: ``{source_length: exact-match fraction}`` on the test set.
+        overall: Exact-match fraction over the whole test set.
+        train: The :class:`TrainResult` (losses, seconds, steps).
+        model: The trained model (e.g. for attention heatmaps).
+        src_vocab: Source vocabulary.
+        tgt_vocab: Target vocabulary.
+        test_pairs: The test pairs the accuracies were measured on.
+    """
+
+    decoder: str
+    accuracy: dict[int, float]
+    overall: float
+    train: TrainResult
+    model: Seq2Seq
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    test_pairs: tuple[Pair, ...]
+
+
+def make_task(config: Seq2SeqConfig) -> tuple[list[Pair], list[Pair], Vocab, Vocab]:
+    """Training pairs, test pairs and vocabularies for ``config.task``.
+
+    Reversal: ``config.n_train`` pairs with lengths uniform in
+    ``[min_len, max_len]``, and ``n_test_per_length`` test pairs for every
+    length. Dates: ``n_train`` pairs and ``10 * n_test_per_length`` test pairs.
+    Training data depend on ``config.seed``; the test set is the same for all
+    seeds (seed 10_000 + a task offset) and never overlaps the training seed.
+    """
+    if config.task == "reversal":
+        vocab = reversal_vocab(config.n_symbols)
+        train_pairs = make_reversal_pairs(
+            config.n_train, config.min_len, config.max_len, config.n_symbols, seed=config.seed
+        )
+        test_pairs = make_reversal_test_pairs(
+            config.n_test_per_length, config.min_len, config.max_len, config.n_symbols, seed=10_000
+        )
+        return train_pairs, test_pairs, vocab, vocab
+    if config.task == "dates":
+        src_vocab, tgt_vocab = date_vocabs()
+        train_pairs = make_date_pairs(config.n_train, seed=config.seed)
+        test_pairs = make_date_pairs(10 * config.n_test_per_length, seed=10_001)
+        return train_pairs, test_pairs, src_vocab, tgt_vocab
+    raise ValueError(f"unknown task {config.task!r}")
+
+
+def run_length_experiment(
+    config: Seq2SeqConfig,
+    decoder: DecoderKind = "attention",
+    progress: bool = False,
+    train_pairs: Sequence[Pair] | None = None,
+    test_pairs: Sequence[Pair] | None = None,
+) -> ExperimentResult:
+    """Generate data, build, train and evaluate one model, in one call.
+
+    Args:
+        config: Task, sizes, training budget and seed. Use the *same* config
+            for ``"plain"`` and ``"attention"`` to compare them fairly.
+        decoder: ``"plain"`` (context-vector bottleneck) or ``"attention"`` (Bahdanau).
+        progress: Print the rounded loss every ``config.log_every`` steps.
+        train_pairs: Optional training pairs (e.g. loaded from ``data/``);
+            default: generated by :func:`make_task` from ``config``.
+        test_pairs: Optional test set; default: generated by :func:`make_task`.
+
+    Returns:
+        An :class:`ExperimentResult` with accuracy by source length and training time.
+    """
+    default_train, default_test, src_vocab, tgt_vocab = make_task(config)
+    train_pairs = default_train if train_pairs is None else list(train_pairs)
+    test_pairs = tuple(default_test if test_pairs is None else test_pairs)
+    train_data = make_batch(train_pairs, src_vocab, tgt_vocab)
+    test_data = make_batch(test_pairs, src_vocab, tgt_vocab)
+    torch.manual_seed(config.seed)
+    model = build_seq2seq(config, len(src_vocab), len(tgt_vocab), decoder)
+    result = train(model, train_data, config, progress=progress)
+    with num_threads(config.num_threads):
+        correct = exact_match(model, test_data).float()  # (N,)
+    accuracy = {
+        int(length): correct[test_data.src_lengths == length].mean().item()
+        for length in torch.unique(test_data.src_lengths).tolist()
+    }
+    return ExperimentResult(
+        decoder=decoder,
+        accuracy=accuracy,
+        overall=correct.mean().item(),
+        train=result,
+        model=model,
+        src_vocab=src_vocab,
+        tgt_vocab=tgt_vocab,
+        test_pairs=test_pairs,
+    )
