@@ -5,6 +5,7 @@
 #   make lab       set up, then open JupyterLab on the course
 #   make test      set up, then run the whole test suite (what CI runs)
 #   make execute   re-execute notebooks in place (NB=notebooks/00_....ipynb for one)
+#   make data      regenerate the committed splits in data/ (deterministic)
 #   make release   write the student version (no solutions) to build/release
 #   make grade     autograde SUBMISSIONS=folder (one sub-folder per student)
 
@@ -23,7 +24,7 @@ NB ?= notebooks
 SUBMISSIONS ?= submissions
 WORKERS ?= 2
 
-.PHONY: setup lab test test-fast execute release grade clean
+.PHONY: setup lab test test-fast execute data release grade clean
 
 setup: $(STAMP)
 
@@ -47,6 +48,9 @@ test-fast: setup
 
 execute: setup
 	$(BIN)/python -m course_utils.execute $(NB)
+
+data: setup
+	$(BIN)/python -c "from course_utils.training import write_splits; [print(p) for p in write_splits()]"
 
 release: setup
 	$(BIN)/python -m course_utils.grading release --out build/release

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from course_utils import attention, masks
+from course_utils import attention, masks, seq2seq, training
 
 
 class CheckError(AssertionError):
@@ -66,7 +66,8 @@ def _learner_line(exc: BaseException) -> str:
     return "the first line of your function"
 
 
-def call(fn: Callable[..., Any], *args: Any, name: str | None = None, expected: str = "a tensor") -> Any:
+def call(fn: Callable[..., Any], *args: Any, name: str | None = None, expected: str = "a tensor",
+         error_hint: str = "") -> Any:
     """Call a learner's function; turn a missing answer or an exception into a ``CheckError``.
 
     Args:
@@ -74,6 +75,7 @@ def call(fn: Callable[..., Any], *args: Any, name: str | None = None, expected: 
         *args: Arguments to pass.
         name: Name used in messages (defaults to ``fn.__name__``).
         expected: What the function should return, for the message.
+        error_hint: Added to the message when ``fn`` raises (the likely cause).
 
     Returns:
         Whatever ``fn`` returned (not checked here).
@@ -99,6 +101,7 @@ def call(fn: Callable[..., Any], *args: Any, name: str | None = None, expected: 
             f"  called with: {shapes}\n"
             f"  expected it to return {expected}\n"
             f"  look at {_learner_line(exc)}"
+            + (f"\n  likely cause: {error_hint}" if error_hint else "")
         ) from None
 
 
@@ -198,11 +201,11 @@ def check_close(
         return
     for mistake, value in (suspects or {}).items():
         if value.shape == got.shape and torch.allclose(got, value, atol=atol, rtol=rtol, equal_nan=True):
-            raise CheckError(f"{name} has the right shape but wrong values: {mistake}")
+            raise CheckError(f"{name}: right shape, wrong values: {mistake}")
     diff = (got - expected).abs().nan_to_num(float("inf"))
     index = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
     raise CheckError(
-        f"{name} has the right shape but wrong values: at index {index} expected "
+        f"{name}: right shape, wrong values: at index {index} expected "
         f"{expected[index].item():.4f}, got {got[index].item():.4f} "
         f"({int((diff > atol + rtol * expected.abs()).sum())} of {diff.numel()} entries differ)"
         + (f": {hint}" if hint else "")
@@ -365,10 +368,238 @@ def check_masked_softmax(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: 
     _passed("masked_softmax")
 
 
+# ---------------------------------------------------------------------------
+# Exercise checkers, notebook 01
+# ---------------------------------------------------------------------------
+
+
+def check_final_states(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
+                       B: int = 4, S: int = 6, H: int = 3) -> None:
+    """Check a learner's ``final_states(states, lengths) -> (B, H)`` (notebook 01, exercise 1).
+
+    Raises:
+        CheckError: Naming the likely bug.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    states = torch.randn(B, S, H, generator=g)
+    lengths = torch.randint(1, S + 1, (B,), generator=g)
+    lengths[0] = S  # a full-length sequence
+    lengths[-1] = 1  # and a one-token one
+    states_copy, lengths_copy = states.clone(), lengths.clone()
+    got = call(fn, states, lengths, name="final_states", expected=f"a (B, H) = {(B, H)} tensor",
+               error_hint="the last real token of row b is at position lengths[b] - 1 (positions start at 0)")
+    if not (torch.equal(states, states_copy) and torch.equal(lengths, lengths_copy)):
+        raise CheckError("final_states changed its inputs in place: index them, do not modify them")
+    expected = seq2seq.final_states(states, lengths)
+    rows = torch.arange(B)
+    suspects = {
+        "this is states[:, -1], a padding position for every sequence shorter than S: "
+        "take position lengths[b] - 1 of each row b": states[:, -1],
+        "this is position lengths[b] - 2: the last real token is at lengths[b] - 1": states[rows, (lengths - 2).clamp(min=0)],
+        "this is the first position: a left-to-right RNN has read the whole sequence only at its last real token":
+            states[:, 0],
+        "this averages over positions (padding included): take the state at the last real token": states.mean(1),
+    }
+    hints = {
+        (B, B, H): "indexing with [:, lengths - 1] takes those positions from *every* row; pair each row with "
+                   "its own position: states[torch.arange(B), lengths - 1]",
+        (B, S): "the H state dimension is gone: index the position, do not reduce over H",
+    }
+    check_close(got, expected, name="the final states", shape="B H", dims={"B": B, "H": H}, hints=hints,
+                suspects=suspects, hint="row b must be states[b, lengths[b] - 1]")
+    _passed("final_states")
+
+
+def check_sequence_exact_match(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
+                               B: int = 6, T: int = 7) -> None:
+    """Check a learner's ``sequence_exact_match(tokens, targets) -> (B,) bool`` (notebook 01, exercise 2).
+
+    Raises:
+        CheckError: Naming the likely bug.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, T + 1, (B,), generator=g)  # real target tokens, <eos> included
+    lengths[0], lengths[1] = T, 2
+    targets = torch.randint(3, 9, (B, T), generator=g)
+    targets[torch.arange(B), lengths - 1] = 2  # <eos>
+    targets[torch.arange(T)[None, :] >= lengths[:, None]] = 0  # padding
+    tokens = targets.clone()
+    tokens[targets == 0] = torch.randint(3, 9, (int((targets == 0).sum()),), generator=g)  # anything after <eos>
+    wrong = torch.arange(B) % 3 == 2  # every third row gets one wrong token
+    for b in wrong.nonzero().flatten().tolist():
+        position = int(torch.randint(0, int(lengths[b]), (1,), generator=g))
+        tokens[b, position] = 9 if position < lengths[b] - 1 else 3  # a wrong symbol, or <eos> replaced
+    tokens_copy, targets_copy = tokens.clone(), targets.clone()
+    got = call(fn, tokens, targets, name="sequence_exact_match", expected=f"a (B,) = ({B},) bool tensor")
+    if not (torch.equal(tokens, tokens_copy) and torch.equal(targets, targets_copy)):
+        raise CheckError("sequence_exact_match changed its inputs in place: compare them, do not modify them")
+    expected = training.sequence_exact_match(tokens, targets)
+    hints = {
+        (B, T): "one value per token: reduce over the T positions with .all(dim=1) to get one per sequence",
+        (T,): "you reduced over the batch (dim 0): reduce over positions, dim=1",
+        (): "a single number for the whole batch: return one bool per sequence, (B,)",
+    }
+    got_t = check_tensor(got, name="the result", shape="B", dims={"B": B}, hints=hints)
+    if got_t.dtype != torch.bool:
+        mean = (tokens == targets).float().mean(dim=1)
+        if got_t.is_floating_point() and torch.allclose(got_t, mean):
+            raise CheckError("this is the fraction of right tokens per sequence; exact match asks whether *all* "
+                             "real tokens are right: a bool per sequence")
+        raise CheckError(f"expected a bool tensor (True = the whole sequence is right), got dtype {got_t.dtype}")
+    suspects = {
+        "padding positions were compared too: after <eos> a model may write anything; "
+        "compare only where targets != pad": (tokens == targets).all(dim=1),
+        "any() accepts a sequence with a single right token; every real token must match: all()":
+            ((tokens == targets) & (targets != 0)).any(dim=1),
+    }
+    check_close(got_t.float(), expected.float(), name="the result", shape="B", dims={"B": B},
+                suspects={k: v.float() for k, v in suspects.items()},
+                hint="row b is True exactly when tokens[b, t] == targets[b, t] at every t where targets[b, t] != 0")
+    _passed("sequence_exact_match")
+
+
+# ---------------------------------------------------------------------------
+# Exercise checkers, notebook 02
+# ---------------------------------------------------------------------------
+
+
+def check_additive_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0,
+                          B: int = 3, S: int = 5, A: int = 4) -> None:
+    """Check a learner's ``additive_scores(q_proj, k_proj, v) -> (B, S)`` (notebook 02, exercise 1).
+
+    With ``B == S`` a query that is not broadcast over the source positions
+    runs without error and gives wrong numbers; the check recognises that too.
+
+    Raises:
+        CheckError: Naming the likely bug.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    q_proj = torch.randn(B, A, generator=g)
+    k_proj = torch.randn(B, S, A, generator=g)
+    v = torch.randn(A, generator=g)
+    inputs = (q_proj, k_proj, v)
+    copies = tuple(t.clone() for t in inputs)
+    got = call(fn, *inputs, name="additive_scores", expected=f"scores of shape (B, S) = {(B, S)}",
+               error_hint="to add the query to every source position, give it a size-1 source axis: "
+                          "q_proj[:, None, :] has shape (B, 1, A) and broadcasts against k_proj (B, S, A)")
+    if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
+        raise CheckError("additive_scores changed an input in place: use out-of-place operations")
+    expected = seq2seq.additive_scores(q_proj, k_proj, v)
+    suspects = {
+        "the tanh is missing: without it the score is linear, v^T W_q s + v^T W_k h_j, and the query term is "
+        "the same for every position, so it cannot change which source position wins":
+            (q_proj[:, None, :] + k_proj) @ v,
+        "tanh was applied after v: it goes on the hidden layer, v^T tanh(q + k_j)": torch.tanh((q_proj[:, None, :] + k_proj) @ v),
+        "the hidden layer was summed instead of weighted by v: multiply by v": torch.tanh(q_proj[:, None, :] + k_proj).sum(-1),
+        "these are weights, not scores: the softmax comes later, in attend": torch.softmax(expected, dim=-1),
+    }
+    if B == S:
+        suspects["the query was not broadcast over the source positions: q_proj + k_proj adds query b to "
+                 "position b of every sequence; use q_proj[:, None, :]"] = torch.tanh(q_proj[None, :, :] + k_proj) @ v
+    hints = {
+        (B, S, A): "the A dimension is still there: take the dot product with v, (B, S, A) @ (A,) -> (B, S)",
+        (B, S, 1): "drop the trailing size-1 axis: (B, S, 1) -> (B, S)",
+    }
+    check_close(got, expected, name="scores", shape="B S", dims={"B": B, "S": S}, hints=hints, suspects=suspects,
+                hint="scores[b, j] = v · tanh(q_proj[b] + k_proj[b, j])")
+    _passed("additive_scores")
+
+
+def check_attend(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0,
+                 B: int = 3, S: int = 5, Dv: int = 4) -> None:
+    """Check a learner's ``attend(scores, values, mask) -> (context, weights)`` (notebook 02, exercise 2).
+
+    ``mask`` is (B, S) bool, True on real source tokens.
+
+    Raises:
+        CheckError: Naming the likely bug.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    scores = 2 * torch.randn(B, S, generator=g)
+    values = torch.randn(B, S, Dv, generator=g)
+    lengths = torch.randint(1, S + 1, (B,), generator=g)
+    lengths[0], lengths[-1] = S, max(1, S - 2)
+    mask = torch.arange(S)[None, :] < lengths[:, None]  # (B, S)
+    inputs = (scores, values, mask)
+    copies = tuple(t.clone() for t in inputs)
+    got = call(fn, *inputs, name="attend", expected=f"a tuple (context (B, Dv) = {(B, Dv)}, weights (B, S) = {(B, S)})")
+    if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
+        raise CheckError("attend changed an input in place (e.g. masked_fill_): use out-of-place operations")
+    if not isinstance(got, tuple) or len(got) != 2:
+        raise CheckError(f"expected attend to return a tuple (context, weights), got {describe(got)}")
+    context, weights = got
+    if (isinstance(context, torch.Tensor) and isinstance(weights, torch.Tensor)
+            and tuple(context.shape) == (B, S) and tuple(weights.shape) == (B, Dv)):
+        raise CheckError("context and weights came back in the wrong order: return (context, weights)")
+    expected_context, expected_weights = seq2seq.attend(scores, values, mask)
+    weight_suspects = {
+        "the softmax ran over the batch (dim=0): it must run over the source positions, dim=-1":
+            attention.masked_softmax(scores.masked_fill(~mask, float("-inf")).T).T.nan_to_num(0.0),
+        "padding was not masked: padded source positions get weight; fill their scores with -inf before the softmax":
+            torch.softmax(scores, dim=-1),
+        "the mask is inverted: True marks real tokens that may be attended to": attention.masked_softmax(scores, ~mask),
+    }
+    check_close(weights, expected_weights, name="weights", shape="B S", dims={"B": B, "S": S},
+                suspects=weight_suspects, hint="a softmax over the real (mask True) source positions of each row")
+    context_suspects = {
+        "the context sums the values without the weights": values.sum(1),
+        "the context averages the values uniformly: weight them by the attention weights": values.mean(1),
+    }
+    check_close(context, expected_context, name="context", shape="B Dv", dims={"B": B, "Dv": Dv},
+                suspects=context_suspects,
+                hints={(B, S, Dv): "weighted values not yet summed over the source positions: .sum(dim=1)",
+                       (B, 1, Dv): "drop the size-1 axis: (B, 1, Dv) -> (B, Dv)"},
+                hint="context[b] = sum over j of weights[b, j] * values[b, j]")
+    _passed("attend")
+
+
+def check_bilinear_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0,
+                          B: int = 2, S: int = 5, Dq: int = 3, Dk: int = 4) -> None:
+    """Check a learner's ``bilinear_scores(query, keys, W) -> (B, S)`` (notebook 02, exercise 3).
+
+    Raises:
+        CheckError: Naming the likely bug.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(B, Dq, generator=g)
+    keys = torch.randn(B, S, Dk, generator=g)
+    W = torch.randn(Dq, Dk, generator=g)
+    inputs = (query, keys, W)
+    copies = tuple(t.clone() for t in inputs)
+    got = call(fn, *inputs, name="bilinear_scores", expected=f"scores of shape (B, S) = {(B, S)}",
+               error_hint="s^T W h_j: query (B, Dq) @ W (Dq, Dk) gives (B, Dk), which is then dotted with each key")
+    if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
+        raise CheckError("bilinear_scores changed an input in place: use out-of-place operations")
+    expected = seq2seq.bilinear_scores(query, keys, W)
+    suspects = {}
+    if Dq == Dk:
+        suspects["W is transposed: the score is s^T W h_j, so the query multiplies W from the left"] = (
+            seq2seq.bilinear_scores(query, keys, W.T))
+        suspects["W was left out: that is the dot-product score s^T h_j"] = (keys @ query[:, :, None])[:, :, 0]
+    hints = {
+        (B, S, 1): "drop the trailing size-1 axis: (B, S, 1) -> (B, S)",
+        (B, S, Dk): "the products were not summed over Dk: finish the dot product with each key",
+        (B, B, S): "every query was scored against every sequence's keys: keep batch element b's query with its own keys",
+    }
+    check_close(got, expected, name="scores", shape="B S", dims={"B": B, "S": S}, hints=hints, suspects=suspects,
+                hint="scores[b, j] = query[b] @ W @ keys[b, j]")
+    _passed("bilinear_scores")
+
+
 __all__ = [
     "CheckError",
     "call",
+    "check_additive_scores",
+    "check_attend",
+    "check_bilinear_scores",
     "check_close",
+    "check_final_states",
+    "check_sequence_exact_match",
     "check_masked_softmax",
     "check_padding_mask",
     "check_pairwise_scores",

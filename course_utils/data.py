@@ -34,6 +34,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+"""The repository's data folder (committed splits and their README)."""
+
 Pair = tuple[str, str]
 """A ``(source, target)`` example. Both are plain strings, one token per character."""
 

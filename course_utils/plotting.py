@@ -9,13 +9,14 @@ Style (sizes, colours) comes from the pinned ``matplotlibrc`` that
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 # Colour-blind-safe sequential map; the same fixed [0, 1] scale in every heatmap.
 ATTENTION_CMAP = "viridis"
@@ -93,4 +94,46 @@ def show_attention(
                 colour = "black" if matrix[i, j] > 0.6 else "white"
                 ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=8, color=colour)
     fig.colorbar(image, ax=ax, label="weight", fraction=0.05)
+    return fig
+
+
+def plot_accuracy_by_length(
+    curves: Mapping[str, Mapping[int, float]],
+    title: str | None = None,
+    longest_training_length: int | None = None,
+) -> Figure:
+    """Exact-match accuracy against source length, one line per model (notebooks 01 and 02).
+
+    Args:
+        curves: ``{label: {source_length: accuracy in [0, 1]}}``.
+        title: Axes title.
+        longest_training_length: Draw a dotted vertical line there.
+
+    Returns:
+        The Figure.
+
+    Raises:
+        ValueError: If a curve is empty or an accuracy is outside [0, 1].
+    """
+    fig = Figure(figsize=(6.0, 3.6))
+    ax = fig.add_subplot()
+    markers = "os^D"
+    for i, (label, accuracy) in enumerate(curves.items()):
+        if not accuracy:
+            raise ValueError(f"curve {label!r} is empty")
+        lengths = sorted(accuracy)
+        values = [accuracy[n] for n in lengths]
+        if not all(0.0 <= v <= 1.0 for v in values):
+            raise ValueError(f"curve {label!r}: accuracies must be fractions in [0, 1]")
+        ax.plot(lengths, [100 * v for v in values], marker=markers[i % len(markers)], markersize=4, label=label)
+    if longest_training_length is not None:
+        ax.axvline(longest_training_length, color="grey", linestyle=":", linewidth=1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("source length (tokens)")
+    ax.set_ylabel("exact match (%)")
+    ax.set_ylim(-3, 103)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left")
+    if title:
+        ax.set_title(title)
     return fig

@@ -74,6 +74,24 @@ class Seq2SeqConfig:
 # --------------------------------------------------------------------------
 
 
+def final_states(states: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The state after the last real token of each sequence (notebook 01, exercise 1).
+
+    For a left-to-right RNN over right-padded sequences this is the context
+    vector ``c`` of a plain encoder-decoder. It is *not* ``states[:, -1]``,
+    which is a padding position for every sequence shorter than ``S``.
+
+    Args:
+        states: ``(B, S, H)`` float, the RNN state at every position.
+        lengths: ``(B,)`` int64, real lengths, each in ``[1, S]``.
+
+    Returns:
+        ``(B, H)`` float, ``states[b, lengths[b] - 1]`` for every ``b``.
+    """
+    rows = torch.arange(states.shape[0], device=states.device)  # (B,)
+    return states[rows, lengths - 1]  # (B, S, H) indexed at (B,) x (B,) -> (B, H)
+
+
 class Encoder(nn.Module):
     """Embedding + (bi)GRU over the source.
 
@@ -120,6 +138,39 @@ class Encoder(nn.Module):
 # --------------------------------------------------------------------------
 
 
+def additive_scores(q_proj: torch.Tensor, k_proj: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Bahdanau's additive scores ``e_j = v^T tanh(W_q s + W_k h_j)`` (notebook 02, exercise 1).
+
+    The projections are applied by the caller (``W_k h`` once per sequence);
+    this is the part that compares one query with every source position.
+
+    Args:
+        q_proj: ``W_q s``, the projected query, ``(B, A)`` float.
+        k_proj: ``W_k h_j`` for every source position, ``(B, S, A)`` float.
+        v: The scoring vector, ``(A,)`` float.
+
+    Returns:
+        Scores ``(B, S)`` float.
+    """
+    hidden = torch.tanh(q_proj[:, None, :] + k_proj)  # (B, 1, A) + (B, S, A) -> (B, S, A)
+    return hidden @ v  # (B, S, A) @ (A,) -> (B, S)
+
+
+def bilinear_scores(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """Luong's "general" scores ``e_j = s^T W h_j`` (notebook 02, exercise 3).
+
+    Args:
+        query: ``s``, ``(B, Dq)`` float.
+        keys: ``h_j`` for every source position, ``(B, S, Dk)`` float.
+        W: ``(Dq, Dk)`` float.
+
+    Returns:
+        Scores ``(B, S)`` float.
+    """
+    q_w = query @ W  # (B, Dq) @ (Dq, Dk) -> (B, Dk)
+    return (keys @ q_w[:, :, None])[:, :, 0]  # (B, S, Dk) @ (B, Dk, 1) -> (B, S, 1) -> (B, S)
+
+
 class AdditiveScore(nn.Module):
     """Bahdanau's additive score ``v^T tanh(W_q q + W_k k_j)``.
 
@@ -133,7 +184,7 @@ class AdditiveScore(nn.Module):
         super().__init__()
         self.W_q = nn.Linear(query_size, attn_size, bias=False)
         self.W_k = nn.Linear(key_size, attn_size, bias=True)
-        self.v = nn.Linear(attn_size, 1, bias=False)
+        self.v = nn.Parameter(torch.empty(attn_size).uniform_(-(attn_size**-0.5), attn_size**-0.5))  # (A,)
 
     def precompute(self, keys: torch.Tensor) -> torch.Tensor:
         """``W_k k`` for all positions; it does not depend on the query, so a decoder computes it once."""
@@ -141,9 +192,7 @@ class AdditiveScore(nn.Module):
 
     def score(self, query: torch.Tensor, projected_keys: torch.Tensor) -> torch.Tensor:
         """Scores from a query and the output of :meth:`precompute`, ``(B, S)``."""
-        q = self.W_q(query)  # (B, Dq) -> (B, A)
-        hidden = torch.tanh(q.unsqueeze(1) + projected_keys)  # (B, 1, A) + (B, S, A) -> (B, S, A)
-        return self.v(hidden).squeeze(-1)  # (B, S, A) -> (B, S, 1) -> (B, S)
+        return additive_scores(self.W_q(query), projected_keys, self.v)  # (B, Dq) -> (B, A); -> (B, S)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Unnormalised scores.
@@ -174,7 +223,7 @@ class ConcatScore(nn.Module):
     def __init__(self, query_size: int, key_size: int, attn_size: int):
         super().__init__()
         self.W = nn.Linear(query_size + key_size, attn_size, bias=True)
-        self.v = nn.Linear(attn_size, 1, bias=False)
+        self.v = nn.Parameter(torch.empty(attn_size).uniform_(-(attn_size**-0.5), attn_size**-0.5))  # (A,)
 
     def precompute(self, keys: torch.Tensor) -> torch.Tensor:
         """Nothing to precompute: the keys are returned unchanged."""
@@ -184,7 +233,7 @@ class ConcatScore(nn.Module):
         """Scores ``(B, S)``."""
         q = query.unsqueeze(1).expand(-1, keys.shape[1], -1)  # (B, Dq) -> (B, S, Dq)
         both = torch.cat([q, keys], dim=-1)  # (B, S, Dq) ++ (B, S, Dk) -> (B, S, Dq + Dk)
-        return self.v(torch.tanh(self.W(both))).squeeze(-1)  # (B, S, Dq+Dk) -> (B, S, A) -> (B, S)
+        return torch.tanh(self.W(both)) @ self.v  # (B, S, Dq+Dk) -> (B, S, A) -> (B, S)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Scores ``(B, S)`` for query ``(B, Dq)`` and keys ``(B, S, Dk)``; see :class:`AdditiveScore`."""
@@ -214,19 +263,20 @@ class BilinearScore(nn.Module):
 
     def __init__(self, query_size: int, key_size: int):
         super().__init__()
-        self.W = nn.Linear(key_size, query_size, bias=False)
+        bound = key_size**-0.5
+        self.W = nn.Parameter(torch.empty(query_size, key_size).uniform_(-bound, bound))  # (Dq, Dk)
 
     def precompute(self, keys: torch.Tensor) -> torch.Tensor:
-        """``W k`` for all positions, ``(B, S, Dq)``."""
-        return self.W(keys)  # (B, S, Dk) -> (B, S, Dq)
+        """Nothing to precompute: the keys are returned unchanged."""
+        return keys
 
-    def score(self, query: torch.Tensor, projected_keys: torch.Tensor) -> torch.Tensor:
-        """Scores ``(B, S)`` from a query and the output of :meth:`precompute`."""
-        return torch.bmm(projected_keys, query.unsqueeze(-1)).squeeze(-1)  # (B, S, Dq) @ (B, Dq, 1) -> (B, S)
+    def score(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Scores ``(B, S)``."""
+        return bilinear_scores(query, keys, self.W)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Scores ``(B, S)`` for query ``(B, Dq)`` and keys ``(B, S, Dk)``; see :class:`AdditiveScore`."""
-        return self.score(query, self.precompute(keys))
+        return self.score(query, keys)
 
 
 def make_scorer(kind: ScoreKind, query_size: int, key_size: int, attn_size: int) -> nn.Module:

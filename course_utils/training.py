@@ -15,23 +15,28 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from course_utils.data import (
+    DATA_DIR,
     Batch,
     Pair,
     Vocab,
     date_vocabs,
     iter_batches,
+    load_pairs,
     make_batch,
     make_date_pairs,
     make_reversal_pairs,
     make_reversal_test_pairs,
     reversal_vocab,
+    save_pairs,
 )
 from course_utils.seq2seq import DecoderKind, Seq2Seq, Seq2SeqConfig, build_seq2seq, sequence_loss
 
@@ -45,6 +50,19 @@ def num_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+SMOKE_ENV = "COURSE_UTILS_SMOKE"
+"""Set to 1 only by the grading round-trip tests: every training run takes
+SMOKE_STEPS steps, so a notebook is checked to *run* under the autograder in
+seconds. nbval always runs the full budget, and the notebooks' asserts on
+accuracy then fail in ungraded cells, which grading ignores."""
+SMOKE_STEPS = 3
+
+
+def training_steps(config: Seq2SeqConfig) -> int:
+    """``config.steps``, or :data:`SMOKE_STEPS` when ``COURSE_UTILS_SMOKE=1``."""
+    return SMOKE_STEPS if os.environ.get(SMOKE_ENV) == "1" else config.steps
 
 
 @dataclass(frozen=True)
@@ -109,7 +127,8 @@ def train(model: Seq2Seq, data: Batch, config: Seq2SeqConfig, progress: bool = F
     model.train()
     with num_threads(config.num_threads):
         start = time.perf_counter()
-        for step in range(config.steps):
+        steps = training_steps(config)
+        for step in range(steps):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, config)
             batch = data.select(next(batches))
@@ -121,12 +140,31 @@ def train(model: Seq2Seq, data: Batch, config: Seq2SeqConfig, progress: bool = F
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             losses.append(loss.item())
-            if progress and ((step + 1) % config.log_every == 0 or step + 1 == config.steps):
+            if progress and ((step + 1) % config.log_every == 0 or step + 1 == steps):
                 recent = losses[-config.log_every :]
                 print(f"step {step + 1:5d}  loss {sum(recent) / len(recent):.3f}")
         seconds = time.perf_counter() - start
     model.eval()
-    return TrainResult(losses=tuple(losses), seconds=seconds, steps=config.steps)
+    return TrainResult(losses=tuple(losses), seconds=seconds, steps=steps)
+
+
+def sequence_exact_match(tokens: torch.Tensor, targets: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
+    """Whether each predicted sequence equals its target on every real target position (notebook 01, exercise 2).
+
+    Positions where the target is padding are ignored (a model may write
+    anything after its ``<eos>``); since the targets end in ``<eos>``, the
+    prediction must stop at exactly the right place.
+
+    Args:
+        tokens: ``(B, T)`` int64 predicted ids.
+        targets: ``(B, T)`` int64 target ids, ``pad_id`` after each sequence.
+        pad_id: Id of ``<pad>``.
+
+    Returns:
+        ``(B,)`` bool, True where the whole sequence is right.
+    """
+    real = targets != pad_id  # (B, T): positions that must match
+    return ((tokens == targets) | ~real).all(dim=1)  # (B, T) -> (B,)
 
 
 @torch.no_grad()
@@ -147,8 +185,7 @@ def exact_match(model: Seq2Seq, data: Batch, batch_size: int = 512) -> torch.Ten
         t = batch.tgt_out.shape[1]
         tokens, _ = model.greedy_decode(batch.src, batch.src_lengths, max_len=t)  # (B, T') with T' <= T
         tokens = torch.nn.functional.pad(tokens, (0, t - tokens.shape[1]))  # (B, T') -> (B, T), pad id 0
-        real = batch.tgt_out != 0  # (B, T): target positions that must match
-        correct.append(((tokens == batch.tgt_out) | ~real).all(dim=1))  # (B, T) -> (B,)
+        correct.append(sequence_exact_match(tokens, batch.tgt_out))  # (B,)
     return torch.cat(correct)
 
 
@@ -226,6 +263,33 @@ def make_task(config: Seq2SeqConfig) -> tuple[list[Pair], list[Pair], Vocab, Voc
         test_pairs = make_date_pairs(10 * config.n_test_per_length, seed=10_001)
         return train_pairs, test_pairs, src_vocab, tgt_vocab
     raise ValueError(f"unknown task {config.task!r}")
+
+
+TASKS = ("reversal", "dates")
+
+
+def write_splits(folder: Path = DATA_DIR) -> list[Path]:
+    """Write the committed splits ``<task>_train.tsv`` and ``<task>_test.tsv``.
+
+    They are exactly what :func:`make_task` generates for the default
+    :class:`Seq2SeqConfig` of each task (``make data`` calls this; a test
+    checks the committed files against a fresh generation).
+    """
+    written = []
+    for task in TASKS:
+        train_pairs, test_pairs, _, _ = make_task(Seq2SeqConfig(task=task))
+        for split, pairs in (("train", train_pairs), ("test", test_pairs)):
+            path = Path(folder) / f"{task}_{split}.tsv"
+            save_pairs(pairs, path)
+            written.append(path)
+    return written
+
+
+def load_splits(task: str, folder: Path = DATA_DIR) -> tuple[list[Pair], list[Pair]]:
+    """The committed ``(train_pairs, test_pairs)`` of a task, from ``data/``."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    return load_pairs(Path(folder) / f"{task}_train.tsv"), load_pairs(Path(folder) / f"{task}_test.tsv")
 
 
 def run_length_experiment(

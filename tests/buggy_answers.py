@@ -24,4 +24,34 @@ BUGGY = {
             "    return torch.softmax(scores.masked_fill(~mask, float('-inf')), dim=-2).nan_to_num(0.0)\n"
         ),
     },
+    "01_seq2seq_bottleneck": {
+        # the last column: padding for shorter sequences
+        "final_states": (
+            "def final_states(states, lengths):\n"
+            "    return states[:, -1]\n"
+        ),
+        # compares padding positions too
+        "sequence_exact_match": (
+            "def sequence_exact_match(tokens, targets, pad_id=0):\n"
+            "    return (tokens == targets).all(dim=1)\n"
+        ),
+    },
+    "02_bahdanau_attention": {
+        # tanh missing
+        "additive_scores": (
+            "def additive_scores(q_proj, k_proj, v):\n"
+            "    return (q_proj[:, None, :] + k_proj) @ v\n"
+        ),
+        # padding not masked
+        "attend": (
+            "def attend(scores, values, mask=None):\n"
+            "    weights = torch.softmax(scores, dim=-1)\n"
+            "    return (weights[:, :, None] * values).sum(1), weights\n"
+        ),
+        # W transposed
+        "bilinear_scores": (
+            "def bilinear_scores(query, keys, W):\n"
+            "    return (keys @ (query @ W.T)[:, :, None])[:, :, 0]\n"
+        ),
+    },
 }

@@ -192,16 +192,21 @@ def test_check_masked_softmax_names_the_bug(buggy, fragment):
 
 
 def test_buggy_answers_used_for_grading_are_rejected_by_the_checkers():
-    """The buggy answers of tests/buggy_answers.py fail the visible checks too."""
+    """The buggy answers of tests/buggy_answers.py fail the visible checks that grade them."""
     from buggy_answers import BUGGY
 
-    checkers = {"padding_mask": check_padding_mask, "pairwise_scores": check_pairwise_scores,
-                "masked_softmax": check_masked_softmax}
-    for grade_id, source in BUGGY["00_orientation"].items():
-        namespace = {"torch": torch}
-        exec(source, namespace)  # noqa: S102 - test fixture code
-        with pytest.raises(CheckError):
-            checkers[grade_id](namespace[grade_id])
+    from course_utils import checks
+
+    rejected = 0
+    for answers in BUGGY.values():
+        for grade_id, source in answers.items():
+            namespace = {"torch": torch}
+            exec(source, namespace)  # noqa: S102 - test fixture code
+            checker = getattr(checks, f"check_{grade_id}")
+            with pytest.raises(CheckError):
+                checker(namespace[grade_id])
+            rejected += 1
+    assert rejected >= 8
 
 
 def test_a_failed_check_in_a_notebook_shows_only_its_message():
@@ -220,3 +225,135 @@ def test_a_failed_check_in_a_notebook_shows_only_its_message():
     assert len(error.traceback) == 1 and "checks.py" not in error.traceback[0]
     assert "zeroed after the softmax" in error.traceback[0]
     assert nb.cells[2].outputs[0].text == "after\n"
+
+
+# --- notebooks 01 and 02 ------------------------------------------------------
+
+from course_utils import seq2seq, training  # noqa: E402
+from course_utils.checks import (  # noqa: E402
+    check_additive_scores,
+    check_attend,
+    check_bilinear_scores,
+    check_final_states,
+    check_sequence_exact_match,
+)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seq2seq_checkers_accept_the_reference(seed, capsys):
+    check_final_states(seq2seq.final_states, seed=seed)
+    check_sequence_exact_match(training.sequence_exact_match, seed=seed)
+    check_additive_scores(seq2seq.additive_scores, seed=seed)
+    check_additive_scores(seq2seq.additive_scores, seed=seed, B=4, S=4)
+    check_attend(seq2seq.attend, seed=seed)
+    check_bilinear_scores(seq2seq.bilinear_scores, seed=seed)
+    check_bilinear_scores(seq2seq.bilinear_scores, seed=seed, Dq=4, Dk=4)
+    assert capsys.readouterr().out.count("all checks passed") == 7
+
+
+FINAL_BUGS = [
+    (lambda states, lengths: states[:, -1], "a padding position"),
+    (lambda states, lengths: states[torch.arange(states.shape[0]), (lengths - 2).clamp(min=0)], "lengths[b] - 2"),
+    (lambda states, lengths: states[:, 0], "the first position"),
+    (lambda states, lengths: states.mean(1), "averages over positions"),
+    (lambda states, lengths: states[:, lengths - 1], "from *every* row"),
+    (lambda states, lengths: states[torch.arange(states.shape[0]), lengths], "raised IndexError"),
+    (lambda states, lengths: None, "got None"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), FINAL_BUGS)
+def test_check_final_states_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_final_states(buggy)
+    assert fragment in str(err.value)
+
+
+MATCH_BUGS = [
+    (lambda tokens, targets: (tokens == targets).all(dim=1), "padding positions were compared"),
+    (lambda tokens, targets: ((tokens == targets) & (targets != 0)).any(dim=1), "any() accepts"),
+    (lambda tokens, targets: (tokens == targets).float().mean(dim=1), "fraction of right tokens"),
+    (lambda tokens, targets: (tokens == targets) | (targets == 0), "reduce over the T positions"),
+    (lambda tokens, targets: ((tokens == targets) | (targets == 0)).all(dim=0), "reduced over the batch"),
+    (lambda tokens, targets: ((tokens == targets) | (targets == 0)).all(), "a single number"),
+    (lambda tokens, targets: ((tokens == targets) | (targets == 0)).all(dim=1).int(), "expected a bool tensor"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), MATCH_BUGS)
+def test_check_sequence_exact_match_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_sequence_exact_match(buggy)
+    assert fragment in str(err.value)
+
+
+ADDITIVE_BUGS = [
+    (lambda q, k, v: (q[:, None, :] + k) @ v, {}, "the tanh is missing"),
+    (lambda q, k, v: torch.tanh((q[:, None, :] + k) @ v), {}, "tanh was applied after v"),
+    (lambda q, k, v: torch.tanh(q[:, None, :] + k).sum(-1), {}, "summed instead of weighted by v"),
+    (lambda q, k, v: torch.softmax(torch.tanh(q[:, None, :] + k) @ v, -1), {}, "these are weights, not scores"),
+    (lambda q, k, v: torch.tanh(q[:, None, :] + k), {}, "take the dot product with v"),
+    (lambda q, k, v: torch.tanh(q + k) @ v, {}, "give it a size-1 source axis"),  # B != S: raises
+    (lambda q, k, v: torch.tanh(q + k) @ v, {"B": 4, "S": 4}, "query was not broadcast"),  # B == S: silent
+]
+
+
+@pytest.mark.parametrize(("buggy", "kwargs", "fragment"), ADDITIVE_BUGS)
+def test_check_additive_scores_names_the_bug(buggy, kwargs, fragment):
+    with pytest.raises(CheckError) as err:
+        check_additive_scores(buggy, **kwargs)
+    assert fragment in str(err.value)
+
+
+def _attend_wrong_dim(scores, values, mask):
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=0).nan_to_num(0.0)
+    return (weights[:, None, :] @ values)[:, 0], weights
+
+
+def _attend_no_mask(scores, values, mask):
+    weights = torch.softmax(scores, dim=-1)
+    return (weights[:, None, :] @ values)[:, 0], weights
+
+
+def _attend_swapped(scores, values, mask):
+    context, weights = seq2seq.attend(scores, values, mask)
+    return weights, context
+
+
+def _attend_unsummed(scores, values, mask):
+    _, weights = seq2seq.attend(scores, values, mask)
+    return weights[:, :, None] * values, weights
+
+
+ATTEND_BUGS = [
+    (_attend_wrong_dim, "ran over the batch"),
+    (_attend_no_mask, "padding was not masked"),
+    (lambda s, v, m: seq2seq.attend(s, v, ~m), "the mask is inverted"),
+    (_attend_swapped, "wrong order"),
+    (_attend_unsummed, "not yet summed over the source positions"),
+    (lambda s, v, m: (v.mean(1), seq2seq.attend(s, v, m)[1]), "averages the values uniformly"),
+    (lambda s, v, m: seq2seq.attend(s, v, m)[0], "to return a tuple (context, weights)"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), ATTEND_BUGS)
+def test_check_attend_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_attend(buggy)
+    assert fragment in str(err.value)
+
+
+BILINEAR_BUGS = [
+    (lambda q, k, W: seq2seq.bilinear_scores(q, k, W.T), {"Dq": 4, "Dk": 4}, "W is transposed"),
+    (lambda q, k, W: (k @ q[:, :, None])[:, :, 0], {"Dq": 4, "Dk": 4}, "W was left out"),
+    (lambda q, k, W: k @ (q @ W)[:, :, None], {}, "drop the trailing size-1 axis"),
+    (lambda q, k, W: (q @ W) @ k.transpose(-2, -1), {}, "every query was scored against every sequence"),
+    (lambda q, k, W: k @ (W @ q), {}, "raised RuntimeError"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "kwargs", "fragment"), BILINEAR_BUGS)
+def test_check_bilinear_scores_names_the_bug(buggy, kwargs, fragment):
+    with pytest.raises(CheckError) as err:
+        check_bilinear_scores(buggy, **kwargs)
+    assert fragment in str(err.value)

@@ -123,3 +123,36 @@ def test_select_and_iter_batches_trim():
     chunks = list(iter_batches(batch, 3))
     assert [len(c) for c in chunks] == [3, 1]
     assert chunks[1].src.shape == (1, 1)
+
+
+def test_committed_splits_are_reproduced_exactly_and_match_the_readme(tmp_path):
+    """data/*.tsv = a fresh generation, byte for byte; the README lists their sha256 and sizes."""
+    import hashlib
+    import re
+
+    from course_utils.data import DATA_DIR
+    from course_utils.training import write_splits
+
+    readme = (DATA_DIR / "README.md").read_text(encoding="utf-8")
+    written = write_splits(tmp_path)
+    assert len(written) == 4
+    for fresh in written:
+        committed = DATA_DIR / fresh.name
+        assert committed.read_bytes() == fresh.read_bytes(), f"{fresh.name} differs from a fresh generation: run make data"
+        digest = hashlib.sha256(committed.read_bytes()).hexdigest()
+        row = re.search(rf"^\| `{re.escape(fresh.name)}` \| ([\d,]+) \| ([\d,]+) \| `([0-9a-f]{{64}})` \|", readme, re.M)
+        assert row, f"data/README.md has no row for {fresh.name}"
+        n_pairs = len(committed.read_text(encoding="utf-8").splitlines()) - 1
+        assert (int(row[1].replace(",", "")), int(row[2].replace(",", "")), row[3]) == (
+            n_pairs, committed.stat().st_size, digest)
+
+
+def test_load_splits_match_the_default_configs():
+    from course_utils.seq2seq import Seq2SeqConfig
+    from course_utils.training import load_splits, make_task
+
+    for task in ("reversal", "dates"):
+        train_pairs, test_pairs, _, _ = make_task(Seq2SeqConfig(task=task))
+        assert load_splits(task) == (train_pairs, test_pairs)
+    with pytest.raises(ValueError, match="task must be one of"):
+        load_splits("nope")

@@ -83,3 +83,17 @@ def test_show_attention_draws_into_a_given_axes():
 def test_show_attention_rejects_bad_input(weights, kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         show_attention(weights, **kwargs)
+
+
+def test_plot_accuracy_by_length_draws_one_line_per_model_in_percent():
+    from course_utils.plotting import plot_accuracy_by_length
+
+    fig = plot_accuracy_by_length({"plain": {3: 1.0, 10: 0.3, 20: 0.0}, "attention": {3: 1.0, 10: 1.0, 20: 0.99}},
+                                  title="t", longest_training_length=20)
+    (ax,) = fig.axes
+    lines = [line for line in ax.get_lines() if line.get_label() in ("plain", "attention")]
+    assert [line.get_label() for line in lines] == ["plain", "attention"]
+    assert list(lines[0].get_ydata()) == [100.0, 30.0, 0.0]
+    assert list(lines[1].get_xdata()) == [3, 10, 20]
+    with pytest.raises(ValueError, match="fractions in"):
+        plot_accuracy_by_length({"x": {3: 97.0}})

@@ -62,11 +62,11 @@ def test_concat_equals_additive_when_weight_is_split():
         additive.W_q.weight.copy_(concat.W.weight[:, :dq])  # first block multiplies the query
         additive.W_k.weight.copy_(concat.W.weight[:, dq:])  # second block multiplies the key
         additive.W_k.bias.copy_(concat.W.bias)
-        additive.v.weight.copy_(concat.v.weight)
+        additive.v.copy_(concat.v)
     query, keys = torch.randn(3, dq), torch.randn(3, 4, dk)
     torch.testing.assert_close(concat(query, keys), additive(query, keys))
     with torch.no_grad():
-        additive.v.weight.add_(0.1)
+        additive.v.add_(0.1)
     assert not torch.allclose(concat(query, keys), additive(query, keys))
 
 
@@ -74,7 +74,7 @@ def test_bilinear_matches_formula():
     torch.manual_seed(0)
     scorer = BilinearScore(3, 5)
     query, keys = torch.randn(2, 3), torch.randn(2, 4, 5)
-    expected = torch.einsum("bq,qk,bsk->bs", query, scorer.W.weight, keys)
+    expected = torch.einsum("bq,qk,bsk->bs", query, scorer.W, keys)
     torch.testing.assert_close(scorer(query, keys), expected)
 
 
@@ -259,3 +259,27 @@ def test_run_length_experiment_small():
     assert 0 <= result.overall <= 1
     dates = run_length_experiment(dataclasses.replace(config, task="dates"), decoder="plain")
     assert len(dates.test_pairs) == 40 and all(len(t) == 10 for _, t in dates.test_pairs)
+
+
+def test_final_states_equal_the_packed_gru_final_state():
+    """final_states picks the state after the last real token: what a packed GRU returns as h_n."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    from course_utils.seq2seq import final_states
+
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(4, 6, batch_first=True)
+    x = torch.randn(3, 5, 4)
+    lengths = torch.tensor([5, 2, 3])
+    states, _ = gru(x)  # (B, S, H); positions past a length hold states of padding
+    _, h_n = gru(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
+    torch.testing.assert_close(final_states(states, lengths), h_n[0])
+    assert not torch.allclose(states[:, -1], h_n[0])  # the classic bug differs
+
+
+def test_sequence_exact_match_ignores_padding_and_needs_every_real_token():
+    from course_utils.training import sequence_exact_match
+
+    targets = torch.tensor([[5, 6, 2, 0], [5, 6, 7, 2], [5, 2, 0, 0]])
+    tokens = torch.tensor([[5, 6, 2, 9], [5, 6, 7, 3], [5, 2, 0, 4]])
+    assert sequence_exact_match(tokens, targets).tolist() == [True, False, True]
