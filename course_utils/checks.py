@@ -427,10 +427,11 @@ def check_sequence_exact_match(fn: Callable[[torch.Tensor, torch.Tensor], Any], 
     targets[torch.arange(T)[None, :] >= lengths[:, None]] = 0  # padding
     tokens = targets.clone()
     tokens[targets == 0] = torch.randint(3, 9, (int((targets == 0).sum()),), generator=g)  # anything after <eos>
-    wrong = torch.arange(B) % 3 == 2  # every third row gets one wrong token
+    wrong = torch.arange(B) % 3 == 2  # every third row gets one wrong symbol
     for b in wrong.nonzero().flatten().tolist():
-        position = int(torch.randint(0, int(lengths[b]), (1,), generator=g))
-        tokens[b, position] = 9 if position < lengths[b] - 1 else 3  # a wrong symbol, or <eos> replaced
+        position = int(torch.randint(0, int(lengths[b]) - 1, (1,), generator=g))
+        tokens[b, position] = 9
+    tokens[1, lengths[1] - 1] = 3  # row 1: every symbol right, but no <eos> (the model did not stop)
     tokens_copy, targets_copy = tokens.clone(), targets.clone()
     got = call(fn, tokens, targets, name="sequence_exact_match", expected=f"a (B,) = ({B},) bool tensor")
     if not (torch.equal(tokens, tokens_copy) and torch.equal(targets, targets_copy)):
@@ -453,6 +454,8 @@ def check_sequence_exact_match(fn: Callable[[torch.Tensor, torch.Tensor], Any], 
         "compare only where targets != pad": (tokens == targets).all(dim=1),
         "any() accepts a sequence with a single right token; every real token must match: all()":
             ((tokens == targets) & (targets != 0)).any(dim=1),
+        "the <eos> position was skipped: a prediction that does not stop in the right place is wrong":
+            ((tokens == targets) | (targets == 0) | (targets == 2)).all(dim=1),
     }
     check_close(got_t.float(), expected.float(), name="the result", shape="B", dims={"B": B},
                 suspects={k: v.float() for k, v in suspects.items()},
