@@ -9,8 +9,11 @@ Modules (by concept):
     checks           tolerant comparisons and exercise checkers with messages
                      that name the likely bug.
     masks            boolean masks (True = may attend).
-    attention        masked softmax and scaled dot-product attention.
-    plotting         figures (attention heatmaps, ...); each returns a Figure.
+    attention        pairwise scores and the masked softmax (notebook 00).
+    data             the reversal and dates tasks, vocabularies, batching (01, 02).
+    seq2seq          GRU encoder, plain and attention decoders, score functions (01, 02).
+    training         training loop, exact match, the one-call length experiment (01, 02).
+    plotting         figures (attention heatmaps, accuracy curves); each returns a Figure.
     grading          nbgrader release / autograde wrappers.
     execute          re-execute notebooks in place, deterministically.
 """
