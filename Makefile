@@ -32,13 +32,20 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required (found %s); set PYTHON=/path/to/python3.11" % sys.version.split()[0]'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e .
+	@mkdir -p $(VENV)/share/jupyter/lab/settings
+	@echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' \
+		> $(VENV)/share/jupyter/lab/settings/overrides.json
 	@touch $@
 
 # JupyterLab refuses to start as root (containers, some CI) unless told.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
+# The course works offline: no news feed, no update checks.
+LAB_OFFLINE := --LabApp.news_url=None \
+	--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate
+
 lab: setup
-	$(BIN)/jupyter lab $(ROOT_FLAG) --notebook-dir=. notebooks/00_orientation.ipynb
+	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_OFFLINE) --notebook-dir=. notebooks/00_orientation.ipynb
 
 test: setup
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope
