@@ -8,8 +8,12 @@ Modules (by concept):
     reproducibility  ``setup()``: seeds, threads, print options, figure style.
     checks           tolerant comparisons and exercise checkers with messages
                      that name the likely bug.
-    masks            boolean masks (True = may attend).
-    attention        pairwise scores and the masked softmax (notebook 00).
+    errors           CheckError (a failed exercise check), InputError (bad input).
+    masks            boolean masks (True = may attend): padding (00), causal (03).
+    attention        pairwise scores, masked softmax (00); scaled dot-product
+                     attention (03); entropy and per-head scaled scores (04).
+    embeddings       Word2Vec on a corpus shipped with gensim, sentence matrices (03).
+    scaling          the measurements behind the 1/sqrt(Dk) scale (04).
     data             the reversal and dates tasks, vocabularies, batching (01, 02).
     seq2seq          GRU encoder, plain and attention decoders, score functions (01, 02).
     training         training loop, exact match, the one-call length experiment (01, 02).
@@ -18,7 +22,9 @@ Modules (by concept):
     execute          re-execute notebooks in place, deterministically.
 """
 
+from course_utils.attention import masked_softmax, scaled_dot_product_attention
+from course_utils.masks import causal_mask, padding_mask
 from course_utils.reproducibility import setup
 
-__all__ = ["setup"]
+__all__ = ["causal_mask", "masked_softmax", "padding_mask", "scaled_dot_product_attention", "setup"]
 __version__ = "0.1.0"

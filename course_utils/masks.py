@@ -4,7 +4,7 @@ This is the convention of ``torch.nn.functional.scaled_dot_product_attention``.
 ``torch.nn.MultiheadAttention``'s ``key_padding_mask`` and ``attn_mask`` use the
 opposite one (True = ignore): pass ``~mask`` there.
 
-Introduced in notebook 00 (padding masks); the causal mask in notebook 07.
+Introduced in notebook 00 (padding masks); the causal mask in notebook 03.
 """
 
 from __future__ import annotations

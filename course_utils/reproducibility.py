@@ -50,7 +50,7 @@ def setup(seed: int = 0, threads: int = 1, precision: int = 4) -> None:
 
 
 def _short_check_errors() -> None:
-    """In a notebook, show a failed exercise check as its message, without library frames.
+    """In a notebook, show a failed check or a rejected input as its message, without library frames.
 
     The cell still ends in an error (so a graded test cell scores 0); only the
     display is shortened to what the learner needs: what was expected, what
@@ -63,14 +63,14 @@ def _short_check_errors() -> None:
     shell = get_ipython()
     if shell is None:
         return
-    from course_utils.checks import CheckError
+    from course_utils.errors import CheckError, InputError
 
     def show(shell, etype, value, tb, tb_offset=None):  # noqa: ARG001 - IPython's handler signature
         short = [f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}"]
         shell._showtraceback(etype, value, short)  # sends the error output (ename, evalue, this traceback)
         return short
 
-    shell.set_custom_exc((CheckError,), show)
+    shell.set_custom_exc((CheckError, InputError), show)
 
 
 def _inline_figures() -> None:

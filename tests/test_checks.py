@@ -358,3 +358,155 @@ def test_check_bilinear_scores_names_the_bug(buggy, kwargs, fragment):
     with pytest.raises(CheckError) as err:
         check_bilinear_scores(buggy, **kwargs)
     assert fragment in str(err.value)
+
+
+# --- notebooks 03 and 04 ------------------------------------------------------
+
+import math  # noqa: E402
+
+from course_utils.checks import (  # noqa: E402
+    WORKED_EXAMPLE_WRONG,
+    check_attention_entropy,
+    check_scaled_dot_product_attention,
+    check_scaled_scores,
+    check_spot_the_error,
+    explain_worked_example,
+)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_self_attention_checkers_accept_the_reference(seed, capsys):
+    check_scaled_dot_product_attention(attention.scaled_dot_product_attention, seed=seed)
+    check_scaled_dot_product_attention(attention.scaled_dot_product_attention, seed=seed, B=1, H=1, T=2, S=3, Dk=4, Dv=5)
+    check_attention_entropy(attention.attention_entropy, seed=seed)
+    check_scaled_scores(attention.scaled_scores, seed=seed)
+    check_spot_the_error(set(WORKED_EXAMPLE_WRONG))
+    check_spot_the_error(sorted(WORKED_EXAMPLE_WRONG))  # any iterable of the numbers
+    assert capsys.readouterr().out.count("all checks passed") == 6
+
+
+def _sdpa(scale_fn=None, dim=-1, weights_fn=None, mask_fn=None, order=None):
+    """A scaled dot-product attention with one deliberate mistake."""
+
+    def fn(q, k, v, mask=None, scale=None):
+        s = q @ k.transpose(-2, -1)
+        s = s * (scale_fn(q, k, v) if scale_fn else (scale if scale is not None else q.shape[-1] ** -0.5))
+        m = mask_fn(mask) if mask_fn and mask is not None else mask
+        if weights_fn:
+            w = weights_fn(s, m)
+        else:
+            w = torch.softmax(s if m is None else s.masked_fill(~m, float("-inf")), dim=dim).nan_to_num(0.0)
+        out = w @ v
+        return (w, out) if order == "swapped" else (out, w)
+
+    return fn
+
+
+def _sdpa_transposed(q, k, v, mask=None, scale=None):
+    w = torch.softmax(k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return w.transpose(-2, -1) @ v, w
+
+
+def _sdpa_nan(q, k, v, mask=None, scale=None):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    w = torch.softmax(s if mask is None else s.masked_fill(~mask, float("-inf")), dim=-1)
+    return w @ v, w
+
+
+def _sdpa_inplace(q, k, v, mask=None, scale=None):
+    q.mul_(1.0)
+    q[0, 0, 0, 0] += 1
+    return attention.scaled_dot_product_attention(q, k, v, mask, scale)
+
+
+SDPA_BUGS = [
+    (_sdpa(scale_fn=lambda q, k, v: 1.0), "were not scaled"),
+    (_sdpa(scale_fn=lambda q, k, v: 1 / q.shape[-1]), "not by its square root"),
+    (_sdpa(scale_fn=lambda q, k, v: v.shape[-1] ** -0.5), "scaled by sqrt(Dv)"),
+    (_sdpa(scale_fn=lambda q, k, v: k.shape[-2] ** -0.5), "scaled by sqrt(S)"),
+    (_sdpa(scale_fn=lambda q, k, v: q.shape[-2] ** -0.5), "scaled by sqrt(T)"),
+    (_sdpa(scale_fn=lambda q, k, v: q.shape[-1] ** 0.5), "multiplied by sqrt(Dk)"),
+    (_sdpa(dim=-2), "the softmax ran over the queries"),
+    (_sdpa(mask_fn=lambda m: ~m), "the mask is inverted"),
+    (_sdpa(mask_fn=lambda m: None), "the mask was ignored"),
+    (_sdpa(weights_fn=lambda s, m: torch.sigmoid(s) * (1 if m is None else m)), "sigmoid"),
+    (_sdpa(weights_fn=lambda s, m: torch.exp(s) * (1 if m is None else m)), "without the division by their row sum"),
+    (_sdpa(weights_fn=lambda s, m: torch.softmax(s if m is None else s.masked_fill(~m, 0.0), -1)), "set to 0"),
+    (_sdpa(weights_fn=lambda s, m: torch.softmax(s, -1) * (1 if m is None else m)), "masked after the softmax"),
+    (_sdpa(order="swapped"), "wrong order"),
+    (_sdpa_transposed, "did you compute k @ q^T"),
+    (_sdpa_nan, "weights are NaN"),
+    (_sdpa_inplace, "changed an input in place"),
+    (lambda q, k, v, mask=None, scale=None: attention.scaled_dot_product_attention(q, k, v, mask), "`scale` argument was ignored"),
+    (lambda q, k, v, mask=None, scale=None: None, "expected a tuple (out, weights), got None"),
+    (lambda q, k, v: attention.scaled_dot_product_attention(q, k, v), "raised TypeError"),
+    (lambda q, k, v, mask=None, scale=None: (v.sum(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1]),
+                                             attention.scaled_dot_product_attention(q, k, v, mask, scale)[1]),
+     "unweighted sum of the values"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), SDPA_BUGS)
+def test_check_scaled_dot_product_attention_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_scaled_dot_product_attention(buggy)
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("answer", "fragment"),
+    [
+        (None, "got None"),
+        (3, "expected a set of statement numbers"),
+        ({"1"}, "'1' is not a statement number"),
+        ({1, 9}, "9 is not a statement number"),
+        (set(), "0 of the 4 wrong statements found"),
+        (set(WORKED_EXAMPLE_WRONG) - {5}, "statement 5 is wrong too"),
+        (set(WORKED_EXAMPLE_WRONG) | {7}, "statement 7 is right"),
+    ],
+)
+def test_check_spot_the_error_names_the_mistake(answer, fragment):
+    with pytest.raises(CheckError) as err:
+        check_spot_the_error(answer)
+    assert fragment in str(err.value)
+
+
+def test_worked_example_explanation_covers_every_statement():
+    lines = explain_worked_example().splitlines()
+    assert len(lines) == 8 and sum("**wrong**" in line for line in lines) == len(WORKED_EXAMPLE_WRONG)
+
+
+ENTROPY_BUGS = [
+    (lambda w: -(w * w.log()).sum(-1), "NaN"),
+    (lambda w: (w * w.clamp(min=1e-30).log()).sum(-1), "minus sign is missing"),
+    (lambda w: -(w * w.clamp(min=1e-30).log2()).sum(-1), "in bits"),
+    (lambda w: -(w * w.clamp(min=1e-30).log()).mean(-1), "mean over the keys"),
+    (lambda w: -(w * w.clamp(min=1e-30).log()).sum(-2), "you summed over the queries"),
+    (lambda w: -(w * w.clamp(min=1e-30).log()), "not yet summed over the keys"),
+    (lambda w: -(w * w.clamp(min=1e-30).log()).sum(), "a single number"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), ENTROPY_BUGS)
+def test_check_attention_entropy_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_attention_entropy(buggy)
+    assert fragment in str(err.value)
+
+
+SCALED_SCORE_BUGS = [
+    (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[1] * q.shape[-1]), "the model width"),
+    (lambda q, k: q @ k.transpose(-2, -1), "were not scaled"),
+    (lambda q, k: q @ k.transpose(-2, -1) / q.shape[-1], "not by its square root"),
+    (lambda q, k: q @ k.transpose(-2, -1) * math.sqrt(q.shape[-1]), "multiplied by sqrt(Dh)"),
+    (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[1]), "the number of heads"),
+    (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[2]), "the number of queries"),
+    (lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1]), "did you compute k @ q^T"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), SCALED_SCORE_BUGS)
+def test_check_scaled_scores_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_scaled_scores(buggy)
+    assert fragment in str(err.value)

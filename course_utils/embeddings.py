@@ -1,0 +1,91 @@
+"""Word vectors for the self-attention notebook (notebook 03), trained offline with gensim.
+
+The corpus ships inside gensim's wheel (``gensim/test/test_data``), so nothing is
+downloaded. ``workers=1`` and a fixed seed make the vectors identical run after
+run (the order of updates does not depend on thread scheduling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from gensim.models import KeyedVectors, Word2Vec
+from gensim.test.utils import datapath
+from gensim.utils import simple_preprocess
+
+from course_utils.errors import InputError
+
+# About 58,000 words of Australian news (ABC, 2001), 300 documents, one per line.
+LEE_CORPUS = "lee_background.cor"
+
+
+@dataclass(frozen=True)
+class Word2VecConfig:
+    """Settings of the Word2Vec (CBOW) model of notebook 03, Mikolov et al. 2013."""
+
+    vector_size: int = 32  # D: features per word
+    window: int = 5  # context words on each side
+    min_count: int = 3  # rarer words are dropped from the vocabulary
+    epochs: int = 20  # passes over the corpus
+    seed: int = 0  # initial vectors and sampling; with workers=1 the result is reproducible
+
+
+def load_corpus(name: str = LEE_CORPUS) -> list[list[str]]:
+    """Read a corpus shipped with gensim as lists of lower-case tokens, one list per line.
+
+    Args:
+        name: A file in gensim's test data, e.g. ``"lee_background.cor"``.
+
+    Returns:
+        One list of tokens per document.
+
+    Raises:
+        InputError: If gensim does not ship a file of that name.
+    """
+    path = Path(datapath(name))
+    if not path.is_file():
+        shipped = sorted(p.name for p in path.parent.glob("*.cor"))
+        raise InputError(f"gensim ships no corpus called {name!r}; available offline: {', '.join(shipped)}")
+    with path.open(encoding="utf-8") as handle:
+        return [simple_preprocess(line) for line in handle if line.strip()]
+
+
+def train_word2vec(sentences: Sequence[Sequence[str]], config: Word2VecConfig = Word2VecConfig()) -> KeyedVectors:
+    """Train Word2Vec with one worker (reproducible) and return its word vectors.
+
+    Args:
+        sentences: Tokenised documents, e.g. from ``load_corpus()``.
+        config: Model settings.
+
+    Returns:
+        The trained ``KeyedVectors`` (vectors of shape (V, D), float32).
+    """
+    model = Word2Vec(sentences, vector_size=config.vector_size, window=config.window, min_count=config.min_count,
+                     epochs=config.epochs, seed=config.seed, workers=1)
+    return model.wv
+
+
+def sentence_matrix(vectors: KeyedVectors, sentence: str | Sequence[str]) -> torch.Tensor:
+    """Stack the vectors of a sentence's words into X, one row per token.
+
+    Args:
+        vectors: Word vectors.
+        sentence: A string (split on spaces) or a list of words.
+
+    Returns:
+        (T, D) float32 tensor.
+
+    Raises:
+        InputError: If a word is not in the vocabulary (the message lists which).
+    """
+    words = sentence.split() if isinstance(sentence, str) else list(sentence)
+    if not words:
+        raise InputError("the sentence is empty: give at least one word")
+    missing = [w for w in words if w not in vectors.key_to_index]
+    if missing:
+        raise InputError(f"not in the vocabulary of {len(vectors)} words: {missing}. Words are lower case; rare "
+                         "words (fewer than min_count occurrences) were dropped: pick words from the corpus")
+    return torch.from_numpy(vectors[words].copy())  # (T, D)
