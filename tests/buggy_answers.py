@@ -54,4 +54,17 @@ BUGGY = {
             "    return (keys @ (query @ W.T)[:, :, None])[:, :, 0]\n"
         ),
     },
+    "03_self_attention": {
+        # the scores are not scaled by 1/sqrt(Dk)
+        "scaled_dot_product_attention": (
+            "def scaled_dot_product_attention(q, k, v, mask=None, scale=None):\n"
+            "    scores = q @ k.transpose(-2, -1)\n"
+            "    if mask is not None:\n"
+            "        scores = scores.masked_fill(~mask, float('-inf'))\n"
+            "    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)\n"
+            "    return weights @ v, weights\n"
+        ),
+        # misses statement 6 (v_i instead of v_j)
+        "spot_the_error": "spot_the_error = {1, 4, 5}\n",
+    },
 }
