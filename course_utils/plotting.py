@@ -137,3 +137,87 @@ def plot_accuracy_by_length(
     if title:
         ax.set_title(title)
     return fig
+
+
+def plot_lines(
+    x: Sequence[float],
+    curves: Mapping[str, Sequence[float]],
+    xlabel: str,
+    ylabel: str,
+    title: str | None = None,
+    logx: bool = False,
+    logy: bool = False,
+    reference: tuple[str, Sequence[float]] | None = None,
+    ax: Axes | None = None,
+) -> Figure:
+    """Line plot of several measured curves over a shared x (notebooks 04 onwards).
+
+    Args:
+        x: The x values, shared by every curve.
+        curves: ``{label: y values}``, each as long as ``x``.
+        xlabel: Label of the x-axis.
+        ylabel: Label of the y-axis.
+        title: Axes title.
+        logx: Logarithmic x-axis (base 2).
+        logy: Logarithmic y-axis (base 2).
+        reference: ``(label, y values)`` of a theoretical curve, drawn dashed in grey.
+        ax: Draw into this Axes instead of a new Figure.
+
+    Returns:
+        The Figure.
+
+    Raises:
+        ValueError: If a curve's length differs from ``x``'s or a value is not finite.
+    """
+    if ax is None:
+        fig = Figure(figsize=(5.5, 3.6))
+        ax = fig.add_subplot()
+    else:
+        fig = ax.figure
+    markers = "os^Dv"
+    items = list(curves.items()) + ([reference] if reference is not None else [])
+    for i, (label, ys) in enumerate(items):
+        ys = [float(y) for y in ys]
+        if len(ys) != len(x):
+            raise ValueError(f"curve {label!r} has {len(ys)} values for {len(x)} x values")
+        if not all(np.isfinite(ys)):
+            raise ValueError(f"curve {label!r} has NaN or inf values")
+        if reference is not None and i == len(items) - 1:
+            ax.plot(x, ys, linestyle="--", color="grey", linewidth=1, label=label)
+        else:
+            ax.plot(x, ys, marker=markers[i % len(markers)] if len(x) <= 20 else None, markersize=4, label=label)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if len(items) > 1:
+        ax.legend()
+    if title:
+        ax.set_title(title)
+    return fig
+
+
+def plot_saturation(saturation: Any) -> Figure:
+    """Three panels against Dk, scaled and unscaled: entropy, largest weight, gradient norm (notebook 04).
+
+    Args:
+        saturation: A ``course_utils.scaling.Saturation``.
+
+    Returns:
+        The Figure.
+    """
+    fig = Figure(figsize=(10.0, 3.3))
+    axes = fig.subplots(1, 3)
+    d_ks = saturation.d_ks
+    uniform = [float(np.log(saturation.num_keys))] * len(d_ks)
+    plot_lines(d_ks, saturation.entropy, "key width Dk", "entropy (nats)", title="entropy of the weights", logx=True,
+               reference=(f"uniform, ln {saturation.num_keys}", uniform), ax=axes[0])
+    plot_lines(d_ks, saturation.max_weight, "key width Dk", "largest weight", title="largest weight", logx=True,
+               ax=axes[1])
+    plot_lines(d_ks, saturation.grad_norm, "key width Dk", "‖∂L/∂scores‖", title="gradient through the softmax",
+               logx=True, ax=axes[2])
+    axes[1].set_ylim(0, 1.02)
+    return fig

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,6 +40,9 @@ from course_utils.data import (
     save_pairs,
 )
 from course_utils.seq2seq import DecoderKind, Seq2Seq, Seq2SeqConfig, build_seq2seq, sequence_loss
+
+if TYPE_CHECKING:  # only for the type of training_steps' argument
+    from course_utils.scaling import RecallConfig
 
 
 @contextlib.contextmanager
@@ -60,8 +64,8 @@ accuracy then fail in ungraded cells, which grading ignores."""
 SMOKE_STEPS = 3
 
 
-def training_steps(config: Seq2SeqConfig) -> int:
-    """``config.steps``, or :data:`SMOKE_STEPS` when ``COURSE_UTILS_SMOKE=1``."""
+def training_steps(config: Seq2SeqConfig | RecallConfig) -> int:
+    """``config.steps`` (any config with a ``steps`` field), or :data:`SMOKE_STEPS` when ``COURSE_UTILS_SMOKE=1``."""
     return SMOKE_STEPS if os.environ.get(SMOKE_ENV) == "1" else config.steps
 
 

@@ -67,4 +67,16 @@ BUGGY = {
         # misses statement 6 (v_i instead of v_j)
         "spot_the_error": "spot_the_error = {1, 4, 5}\n",
     },
+    "04_scaling": {
+        # 0 * log 0 = NaN
+        "attention_entropy": (
+            "def attention_entropy(weights):\n"
+            "    return -(weights * torch.log(weights)).sum(dim=-1)\n"
+        ),
+        # scaled by the model width H * Dh
+        "scaled_scores": (
+            "def scaled_scores(q, k):\n"
+            "    return q @ k.transpose(-2, -1) / (q.shape[1] * q.shape[-1]) ** 0.5\n"
+        ),
+    },
 }

@@ -184,3 +184,45 @@ def test_unscaled_softmax_saturates_and_its_gradient_vanishes():
     assert sat.max_weight["unscaled"][-1] > 0.9 and max(sat.max_weight["scaled"]) < 0.35
     assert sat.grad_norm["unscaled"][-1] < 0.25 * sat.grad_norm["scaled"][-1]
     assert max(sat.entropy["scaled"]) - min(sat.entropy["scaled"]) < 0.1  # scaled: the same at every Dk
+
+
+def test_recall_training_is_reproducible_and_the_scale_is_the_only_difference():
+    config = scaling.RecallConfig(steps=20, test_size=200)
+    first = scaling.train_recall(config, scaled=True, seed=0)
+    again = scaling.train_recall(config, scaled=True, seed=0)
+    assert first == again
+    torch.manual_seed(0)
+    scaled = scaling.RecallModel(config, scale=1 / math.sqrt(config.d_k))
+    torch.manual_seed(0)
+    unscaled = scaling.RecallModel(config, scale=1.0)
+    for a, b in zip(scaled.state_dict().values(), unscaled.state_dict().values()):
+        assert torch.equal(a, b)  # same initial weights
+    g = torch.Generator().manual_seed(1)
+    keys, values, query, target = scaling.make_recall_batch(config, 8, g)
+    assert (keys.sort(dim=1).values.diff(dim=1) > 0).all()  # distinct keys in a row
+    assert ((keys == query[:, None]).sum(1) == 1).all()  # the query is one of them
+    assert torch.equal(values[keys == query[:, None]], target)  # the target is the value stored under it
+    logits, weights = scaled(keys, values, query, return_weights=True)
+    assert logits.shape == (8, config.num_values) and weights.shape == (8, 1, config.num_pairs)
+
+
+def test_scaled_recall_learns_and_unscaled_lags():
+    config = scaling.RecallConfig(test_size=500)
+    scaled = scaling.train_recall(config, scaled=True, seed=0)
+    unscaled = scaling.train_recall(config, scaled=False, seed=0)
+    assert scaled.accuracy >= 0.9 and unscaled.accuracy <= scaled.accuracy - 0.3
+    assert unscaled.initial_max_weight > 0.8 > 0.2 > scaled.initial_max_weight
+
+
+def test_line_plots_and_their_errors():
+    from course_utils.plotting import plot_lines, plot_saturation
+
+    fig = plot_lines([1, 2, 4], {"a": [1, 2, 3], "b": [3, 2, 1]}, "x", "y", logx=True, reference=("ref", [1, 1, 1]))
+    (ax,) = fig.axes
+    assert len(ax.lines) == 3 and ax.get_xscale() == "log"
+    with pytest.raises(ValueError, match="has 2 values for 3 x values"):
+        plot_lines([1, 2, 3], {"a": [1, 2]}, "x", "y")
+    with pytest.raises(ValueError, match="NaN"):
+        plot_lines([1, 2], {"a": [1, float("nan")]}, "x", "y")
+    fig = plot_saturation(scaling.softmax_saturation([4, 16], num_queries=16))
+    assert len(fig.axes) == 3
