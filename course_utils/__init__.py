@@ -13,6 +13,8 @@ Modules (by concept):
     attention        pairwise scores, masked softmax (00); scaled dot-product
                      attention (03); entropy and per-head scaled scores (04).
     embeddings       Word2Vec on a corpus shipped with gensim, sentence matrices (03).
+    multihead        splitting into heads, MultiHeadAttention with from_torch (05).
+    positional       sinusoidal, learned and rotary position information (06).
     scaling          the measurements behind the 1/sqrt(Dk) scale (04).
     data             the reversal and dates tasks, vocabularies, batching (01, 02).
     seq2seq          GRU encoder, plain and attention decoders, score functions (01, 02).
@@ -24,7 +26,21 @@ Modules (by concept):
 
 from course_utils.attention import masked_softmax, scaled_dot_product_attention
 from course_utils.masks import causal_mask, padding_mask
+from course_utils.multihead import MultiHeadAttention, merge_heads, multi_head_attention, split_heads
+from course_utils.positional import apply_rotary, sinusoidal_positional_encoding
 from course_utils.reproducibility import setup
 
-__all__ = ["causal_mask", "masked_softmax", "padding_mask", "scaled_dot_product_attention", "setup"]
+__all__ = [
+    "MultiHeadAttention",
+    "apply_rotary",
+    "causal_mask",
+    "masked_softmax",
+    "merge_heads",
+    "multi_head_attention",
+    "padding_mask",
+    "scaled_dot_product_attention",
+    "setup",
+    "sinusoidal_positional_encoding",
+    "split_heads",
+]
 __version__ = "0.1.0"

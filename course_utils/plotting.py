@@ -221,3 +221,44 @@ def plot_saturation(saturation: Any) -> Figure:
                logx=True, ax=axes[2])
     axes[1].set_ylim(0, 1.02)
     return fig
+
+
+def show_matrix(
+    matrix: Any,
+    xlabel: str,
+    ylabel: str,
+    title: str | None = None,
+    symmetric: bool = True,
+) -> Figure:
+    """Heatmap of any matrix (not attention weights): e.g. positional encodings (notebook 06).
+
+    Args:
+        matrix: (rows, columns) tensor or array.
+        xlabel: Label of the columns.
+        ylabel: Label of the rows.
+        title: Axes title.
+        symmetric: Colour scale centred on 0 with the colour-blind-safe diverging
+            map "PuOr"; otherwise "viridis" from the minimum to the maximum.
+
+    Returns:
+        The Figure.
+
+    Raises:
+        ValueError: If the matrix is not 2-D or not finite.
+    """
+    array = matrix.detach().cpu().float().numpy() if isinstance(matrix, torch.Tensor) else np.asarray(matrix, float)
+    if array.ndim != 2 or not np.isfinite(array).all():
+        raise ValueError(f"show_matrix expects a finite 2-D matrix, got shape {array.shape}")
+    fig = Figure(figsize=(6.0, 3.8))
+    ax = fig.add_subplot()
+    if symmetric:
+        limit = float(np.abs(array).max()) or 1.0
+        image = ax.imshow(array, cmap="PuOr", vmin=-limit, vmax=limit, aspect="auto")
+    else:
+        image = ax.imshow(array, cmap=ATTENTION_CMAP, aspect="auto")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    fig.colorbar(image, ax=ax, fraction=0.05)
+    return fig

@@ -42,6 +42,8 @@ from course_utils.data import (
 from course_utils.seq2seq import DecoderKind, Seq2Seq, Seq2SeqConfig, build_seq2seq, sequence_loss
 
 if TYPE_CHECKING:  # only for the type of training_steps' argument
+    from course_utils.multihead import NeighbourConfig
+    from course_utils.positional import ReversalConfig
     from course_utils.scaling import RecallConfig
 
 
@@ -64,7 +66,7 @@ accuracy then fail in ungraded cells, which grading ignores."""
 SMOKE_STEPS = 3
 
 
-def training_steps(config: Seq2SeqConfig | RecallConfig) -> int:
+def training_steps(config: Seq2SeqConfig | RecallConfig | ReversalConfig | NeighbourConfig) -> int:
     """``config.steps`` (any config with a ``steps`` field), or :data:`SMOKE_STEPS` when ``COURSE_UTILS_SMOKE=1``."""
     return SMOKE_STEPS if os.environ.get(SMOKE_ENV) == "1" else config.steps
 

@@ -79,4 +79,45 @@ BUGGY = {
             "    return q @ k.transpose(-2, -1) / (q.shape[1] * q.shape[-1]) ** 0.5\n"
         ),
     },
+    "05_multi_head_attention": {
+        # a view straight to the head shape: scrambles tokens across heads
+        "split_heads": (
+            "def split_heads(x, num_heads):\n"
+            "    B, T, D = x.shape\n"
+            "    return x.view(B, num_heads, T, D // num_heads)\n"
+        ),
+        # reshape without transposing back
+        "merge_heads": (
+            "def merge_heads(x):\n"
+            "    B, H, T, Dh = x.shape\n"
+            "    return x.reshape(B, T, H * Dh)\n"
+        ),
+        # the output projection is missing
+        "multi_head_attention": (
+            "def multi_head_attention(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads, mask=None):\n"
+            "    from course_utils.attention import scaled_dot_product_attention\n"
+            "    from course_utils.multihead import merge_heads, split_heads\n"
+            "    q, k, v = (split_heads(p(t), num_heads) for p, t in ((q_proj, query), (k_proj, key), (v_proj, value)))\n"
+            "    context, weights = scaled_dot_product_attention(q, k, v, mask)\n"
+            "    return merge_heads(context), weights\n"
+        ),
+    },
+    "06_positional_encoding": {
+        # sine and cosine swapped
+        "sinusoidal_positional_encoding": (
+            "def sinusoidal_positional_encoding(T, D):\n"
+            "    angles = torch.arange(T)[:, None] * 10000 ** (-torch.arange(0, D, 2)[None, :] / D)\n"
+            "    pe = torch.zeros(T, D)\n"
+            "    pe[:, 0::2], pe[:, 1::2] = torch.cos(angles), torch.sin(angles)\n"
+            "    return pe\n"
+        ),
+        # rotates by minus the angle
+        "apply_rotary": (
+            "def apply_rotary(x, positions=None):\n"
+            "    from course_utils.positional import apply_rotary as reference\n"
+            "    T = x.shape[-2]\n"
+            "    positions = torch.arange(T) if positions is None else positions\n"
+            "    return reference(x, -positions)\n"
+        ),
+    },
 }

@@ -1,0 +1,375 @@
+"""Notebooks 05 and 06: multi-head attention against nn.MultiheadAttention, positional encodings, their checkers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import course_utils
+from course_utils import masks, multihead, positional
+from course_utils.checks import (
+    CheckError,
+    check_apply_rotary,
+    check_merge_heads,
+    check_multi_head_attention,
+    check_sinusoidal_positional_encoding,
+    check_split_heads,
+)
+from course_utils.errors import InputError
+from course_utils.multihead import MultiHeadAttention
+
+# (B, T, S, D, H)
+SHAPES = [(1, 1, 1, 4, 1), (2, 5, 7, 12, 3), (3, 6, 6, 32, 8), (2, 4, 9, 16, 4)]
+
+
+def _pair(D, H, bias=True, seed=0):
+    torch.manual_seed(seed)
+    theirs = nn.MultiheadAttention(D, H, bias=bias, batch_first=True).eval()
+    return theirs, MultiHeadAttention.from_torch(theirs)
+
+
+def test_public_names_import_from_the_package():
+    from course_utils import (  # noqa: F401
+        MultiHeadAttention,
+        apply_rotary,
+        merge_heads,
+        sinusoidal_positional_encoding,
+        split_heads,
+    )
+
+    assert course_utils.MultiHeadAttention is multihead.MultiHeadAttention
+
+
+@pytest.mark.parametrize(("B", "T", "S", "D", "H"), SHAPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_parity_with_nn_multihead_attention(B, T, S, D, H, bias):
+    theirs, ours = _pair(D, H, bias=bias, seed=B + T)
+    g = torch.Generator().manual_seed(S)
+    x = torch.randn(B, T, D, generator=g)
+    memory = torch.randn(B, S, D, generator=g)
+    lengths = torch.randint(1, S + 1, (B,), generator=g)
+    pad = masks.padding_mask(lengths, S)  # (B, 1, S), True = may attend
+    with torch.no_grad():
+        # self-attention, per-head weights
+        out, w = ours(x, return_weights=True)
+        ref_out, ref_w = theirs(x, x, x, average_attn_weights=False)
+        torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=0)
+        torch.testing.assert_close(w, ref_w, atol=1e-5, rtol=0)
+        # cross-attention with key padding: PyTorch's key_padding_mask is True = ignore, so pass ~mask
+        out, w = ours(x, memory, mask=pad, return_weights=True)
+        ref_out, ref_w = theirs(x, memory, memory, key_padding_mask=~pad[:, 0])
+        torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=0)
+        torch.testing.assert_close(w.mean(dim=1), ref_w, atol=1e-5, rtol=0)  # averaged over heads
+        # causal self-attention: PyTorch's boolean attn_mask is True = not allowed
+        causal = masks.causal_mask(T)
+        out, w = ours(x, mask=causal, return_weights=True)
+        ref_out, ref_w = theirs(x, x, x, attn_mask=~causal, average_attn_weights=False)
+        torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=0)
+        torch.testing.assert_close(w, ref_w, atol=1e-5, rtol=0)
+
+
+def test_split_and_merge_are_inverse_and_keep_tokens_apart():
+    x = torch.randn(2, 5, 12)
+    heads = multihead.split_heads(x, 3)
+    assert heads.shape == (2, 3, 5, 4)
+    torch.testing.assert_close(heads[1, 2, 4], x[1, 4, 8:12])  # head 2 of token 4 = features 8..11 of token 4
+    torch.testing.assert_close(multihead.merge_heads(heads), x)
+
+
+def test_indivisible_width_and_bad_inputs_get_clear_messages():
+    with pytest.raises(InputError, match=r"d_model = 10 is not divisible by num_heads = 4.*\[1, 2, 5, 10\]"):
+        MultiHeadAttention(10, 4)
+    mha = MultiHeadAttention(8, 2)
+    with pytest.raises(InputError, match="query must be \\(B, length, D\\) with D = d_model = 8, got shape \\(2, 3, 6\\)"):
+        mha(torch.randn(2, 3, 6))
+    with pytest.raises(InputError, match="must share B"):
+        mha(torch.randn(2, 3, 8), torch.randn(3, 3, 8))
+    with pytest.raises(InputError, match="batch_first=True"):
+        MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2))
+    with pytest.raises(InputError, match="expected an nn.MultiheadAttention"):
+        MultiHeadAttention.from_torch(nn.Linear(8, 8))
+
+
+def test_ablating_a_head_removes_exactly_its_output_and_restores_the_weights():
+    mha = MultiHeadAttention(12, 3)
+    x = torch.randn(2, 4, 12)
+    before = mha.out_proj.weight.detach().clone()
+    with torch.no_grad():
+        _, weights = mha(x, return_weights=True)
+        q = multihead.split_heads(mha.q_proj(x), 3)
+        v = multihead.split_heads(mha.v_proj(x), 3)
+        context = weights @ v  # (B, H, T, Dh)
+        context[:, 1] = 0.0
+        expected = mha.out_proj(multihead.merge_heads(context))
+        with multihead.ablate_head(mha, 1):
+            ablated = mha(x)
+    torch.testing.assert_close(ablated, expected)
+    assert torch.equal(mha.out_proj.weight, before) and q.shape == (2, 3, 4, 4)
+    with pytest.raises(InputError, match="head must be in 0 .. 2"):
+        with multihead.ablate_head(mha, 3):
+            pass
+
+
+def test_cost_of_heads_does_not_depend_on_their_number():
+    costs = [multihead.attention_cost(T=10, S=12, d_model=64, num_heads=h) for h in (1, 2, 8, 64)]
+    assert all(c == costs[0] for c in costs)
+    assert costs[0]["parameters"] == sum(p.numel() for p in MultiHeadAttention(64, 8).parameters())
+    assert costs[0]["total"] == 2 * 10 * 64 * 64 + 2 * 12 * 64 * 64 + 2 * 10 * 12 * 64
+
+
+def test_self_attention_without_positions_is_permutation_equivariant():
+    mha = MultiHeadAttention(16, 4)
+    x = torch.randn(2, 6, 16)
+    perm = torch.tensor([4, 2, 0, 5, 1, 3])
+    with torch.no_grad():
+        torch.testing.assert_close(mha(x[:, perm]), mha(x)[:, perm])
+
+
+# --- positional encodings (notebook 06) ----------------------------------------
+
+
+def test_sinusoidal_encoding_values():
+    pe = positional.sinusoidal_positional_encoding(5, 6)
+    assert pe.shape == (5, 6)
+    assert torch.equal(pe[0], torch.tensor([0.0, 1.0] * 3))  # sin 0, cos 0
+    torch.testing.assert_close(pe[3, 2], torch.tensor(math.sin(3 / 10000 ** (2 / 6))))
+    torch.testing.assert_close(pe[3, 5], torch.tensor(math.cos(3 / 10000 ** (4 / 6))))
+    with pytest.raises(InputError, match="D = 5 is odd"):
+        positional.sinusoidal_positional_encoding(4, 5)
+    with pytest.raises(InputError, match="T must be a positive int"):
+        positional.sinusoidal_positional_encoding(0, 4)
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 11])
+def test_a_shift_is_a_fixed_rotation(k):
+    pe = positional.sinusoidal_positional_encoding(40, 16)
+    M = positional.shift_matrix(k, 16)
+    torch.testing.assert_close(pe[k:], pe[:-k] @ M, atol=1e-5, rtol=0)
+    torch.testing.assert_close(M @ M.T, torch.eye(16), atol=1e-6, rtol=0)  # a rotation
+
+
+def test_rotary_scores_depend_only_on_the_offset():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(16, generator=g), torch.randn(16, generator=g)
+
+    def at(v, p):
+        return positional.apply_rotary(v[None], torch.tensor([p]))[0]
+
+    for offset in (0, 3, -2):
+        scores = [at(q, m) @ at(k, m + offset) for m in (0, 4, 9, 30)]
+        torch.testing.assert_close(torch.stack(scores), scores[0].expand(4), atol=1e-4, rtol=0)
+    torch.testing.assert_close(at(q, 7).norm(), q.norm())  # rotations keep the norm
+    with pytest.raises(InputError, match="positions must have shape"):
+        positional.apply_rotary(torch.randn(3, 4), torch.arange(4))
+
+
+# --- checkers -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_checkers_accept_the_reference(seed, capsys):
+    check_split_heads(multihead.split_heads, seed=seed)
+    check_merge_heads(multihead.merge_heads, seed=seed)
+    check_multi_head_attention(multihead.multi_head_attention, seed=seed)
+    check_sinusoidal_positional_encoding(positional.sinusoidal_positional_encoding, T=3 + seed, D=2 * (seed + 1))
+    check_apply_rotary(positional.apply_rotary, seed=seed)
+    assert capsys.readouterr().out.count("all checks passed") == 5
+
+
+SPLIT_BUGS = [
+    (lambda x, H: x.view(x.shape[0], H, x.shape[1], -1), "view went straight to (B, H, T, Dh)"),
+    (lambda x, H: x.view(x.shape[0] * H, x.shape[1], -1), "keep B and H as two dimensions"),
+    (lambda x, H: x.view(x.shape[1], x.shape[0] * H, -1), "mixes batch elements and positions"),
+    (lambda x, H: x.view(x.shape[0], x.shape[1], H, -1), "add .transpose(1, 2)"),
+    (lambda x, H: x.view(x.shape[0], x.shape[1], -1, H).permute(0, 3, 1, 2), "every H-th feature"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), SPLIT_BUGS)
+def test_check_split_heads_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_split_heads(buggy)
+    assert fragment in str(err.value)
+
+
+MERGE_BUGS = [
+    (lambda x: x.reshape(x.shape[0], x.shape[2], -1), "without transposing back"),
+    (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), "use .reshape"),
+    (lambda x: x.transpose(1, 2), "not concatenated"),
+    (lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1), "interleaved"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), MERGE_BUGS)
+def test_check_merge_heads_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_merge_heads(buggy)
+    assert fragment in str(err.value)
+
+
+def _mha(**mistake):
+    from course_utils.checks import _mha_variant
+
+    def fn(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads, mask=None):
+        return _mha_variant(query, key, value, (q_proj, k_proj, v_proj, out_proj), num_heads, mask, **mistake)
+
+    return fn
+
+
+def _mha_wrong_length(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads, mask=None):
+    B, T, D = query.shape
+
+    def split(x):  # uses the query length T for keys and values too: fails when S != T
+        return x.view(B, T, num_heads, D // num_heads).transpose(1, 2)
+
+    context, weights = course_utils.scaled_dot_product_attention(split(q_proj(query)), split(k_proj(key)),
+                                                                 split(v_proj(value)), mask)
+    return out_proj(context.transpose(1, 2).reshape(B, T, D)), weights
+
+
+def _mha_averaged(*args):
+    out, weights = multihead.multi_head_attention(*args)
+    return out, weights.mean(dim=1)
+
+
+MHA_BUGS = [
+    (_mha(bad_split=True), "scrambles tokens across heads"),
+    (_mha(bad_merge=True), "without transposing back"),
+    (_mha(scale_by_model_width=True), "scaled by sqrt(D) = sqrt(12), the model width"),
+    (_mha(no_out_proj=True), "output projection is missing"),
+    (_mha_averaged, "averaged over the heads"),
+    (_mha_wrong_length, "take their length from their own shape"),
+    (lambda *args: multihead.multi_head_attention(*args[:-1], None), "the mask was ignored"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), MHA_BUGS)
+def test_check_multi_head_attention_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_multi_head_attention(buggy)
+    assert fragment in str(err.value)
+
+
+def _pe_layout(T, D, layout):
+    p = torch.arange(T, dtype=torch.float32)[:, None]
+    w = positional.frequencies(D)
+    if layout == "halves":
+        return torch.cat([torch.sin(p * w), torch.cos(p * w)], -1)
+    if layout == "from one":
+        return positional.sinusoidal_positional_encoding(T + 1, D)[1:]
+    if layout == "swapped":
+        return torch.stack([torch.cos(p * w), torch.sin(p * w)], -1).reshape(T, D)
+    raise ValueError(layout)
+
+
+PE_BUGS = [
+    (lambda T, D: _pe_layout(T, D, "halves"), "'halves' layout"),
+    (lambda T, D: _pe_layout(T, D, "from one"), "positions start at 1"),
+    (lambda T, D: _pe_layout(T, D, "swapped"), "sin and cos are swapped"),
+    (lambda T, D: positional.sinusoidal_positional_encoding(T, D).T, "rows are positions"),
+    (lambda T, D: None, "got None"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), PE_BUGS)
+def test_check_sinusoidal_positional_encoding_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_sinusoidal_positional_encoding(buggy)
+    assert fragment in str(err.value)
+
+
+def _rotary_halves(x, positions=None):
+    T, D = x.shape[-2:]
+    pos = torch.arange(T) if positions is None else positions
+    a = pos[:, None].float() * positional.frequencies(D)[None, :]
+    first, second = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([first * a.cos() - second * a.sin(), first * a.sin() + second * a.cos()], -1)
+
+
+def _rotary_inplace(x, positions=None):
+    x[..., 0] += 0.0
+    x.mul_(1.0)
+    x[0, 0, 0] = 1.0
+    return positional.apply_rotary(x, positions)
+
+
+ROTARY_BUGS = [
+    (lambda x, positions=None: positional.apply_rotary(x, None if positions is None else -positions)
+     if positions is not None else positional.apply_rotary(x, -torch.arange(x.shape[-2])), "the wrong way"),
+    (_rotary_halves, "'rotate half' layout"),
+    (lambda x, positions=None: positional.apply_rotary(x), "the given positions were ignored"),
+    (lambda x, positions=None: x, "the positions were ignored"),
+    (_rotary_inplace, "changed x in place"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), ROTARY_BUGS)
+def test_check_apply_rotary_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_apply_rotary(buggy)
+    assert fragment in str(err.value)
+
+
+# --- the training experiments of notebooks 05 and 06 (short runs) ----------------
+
+
+def test_rotary_attention_rotates_each_heads_queries_and_keys():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2, rotary=True)
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        out, weights = mha(x, return_weights=True)
+        q = positional.apply_rotary(multihead.split_heads(mha.q_proj.linear(x), 2))  # (B, H, T, Dh)
+        k = positional.apply_rotary(multihead.split_heads(mha.k_proj.linear(x), 2))
+        v = multihead.split_heads(mha.v_proj(x), 2)
+        expected_out, expected_weights = course_utils.scaled_dot_product_attention(q, k, v)
+        torch.testing.assert_close(weights, expected_weights)
+        torch.testing.assert_close(out, mha.out_proj(multihead.merge_heads(expected_out)))
+
+
+def test_neighbour_task_and_model():
+    config = multihead.NeighbourConfig(steps=5, test_size=50)
+    x, y = multihead.make_neighbour_batch(config, 4, torch.Generator().manual_seed(0))
+    assert torch.equal(y[:, 3], x[:, 2] * config.V + x[:, 4])
+    assert torch.equal(y[:, 0], x[:, -1] * config.V + x[:, 1])  # circular
+    first = multihead.train_neighbour_model(config, seed=0)
+    again = multihead.train_neighbour_model(config, seed=0)
+    assert first.losses == again.losses and first.accuracy == again.accuracy
+    offsets, profile = multihead.head_offset_profile(first.model, config)
+    assert offsets[0] == -6 and len(offsets) == 12 and profile.shape == (2, 12)
+    torch.testing.assert_close(profile.sum(dim=1), torch.ones(2))  # each head's weights sum to 1 per query
+
+
+def test_order_models_and_reversal_task():
+    config = positional.ReversalConfig(steps=3, test_size=20)
+    x, y = positional.make_reversal_batch(config, 5, torch.Generator().manual_seed(0))
+    assert torch.equal(y, x.flip(-1)) and all(len(set(row.tolist())) == config.T for row in x)
+    counts = {}
+    for kind in positional.POSITION_KINDS:
+        result = positional.train_order_model(config, positions=kind, seed=0)
+        assert len(result.losses) == 3 and 0 <= result.accuracy <= 1
+        counts[kind] = result.parameters
+    assert counts["learned"] == counts["sinusoidal"] + config.T * config.D
+    with pytest.raises(InputError, match="positions must be one of"):
+        positional.OrderModel(config, "absolute")
+
+
+def test_order_model_without_positions_is_equivariant():
+    torch.manual_seed(0)
+    model = positional.OrderModel(positional.ReversalConfig(), "none").eval()
+    x = torch.randperm(16)[:12][None]
+    perm = torch.randperm(12)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x[:, perm]), model(x)[:, perm])
+
+
+def test_show_matrix():
+    from course_utils.plotting import show_matrix
+
+    fig = show_matrix(positional.sinusoidal_positional_encoding(8, 4), "feature", "position")
+    assert len(fig.axes) == 2
+    with pytest.raises(ValueError, match="finite 2-D"):
+        show_matrix(torch.zeros(2, 2, 2), "a", "b")
