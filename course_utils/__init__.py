@@ -15,6 +15,8 @@ Modules (by concept):
     embeddings       Word2Vec on a corpus shipped with gensim, sentence matrices (03).
     multihead        splitting into heads, MultiHeadAttention with from_torch (05).
     positional       sinusoidal, learned and rotary position information (06).
+    transformer      LayerNorm, residual blocks, encoder/decoder blocks, a small transformer (07).
+    efficiency       time and memory at scale, tiled attention with an online softmax (08).
     scaling          the measurements behind the 1/sqrt(Dk) scale (04).
     data             the reversal and dates tasks, vocabularies, batching (01, 02).
     seq2seq          GRU encoder, plain and attention decoders, score functions (01, 02).
@@ -29,9 +31,12 @@ from course_utils.masks import causal_mask, padding_mask
 from course_utils.multihead import MultiHeadAttention, merge_heads, multi_head_attention, split_heads
 from course_utils.positional import apply_rotary, sinusoidal_positional_encoding
 from course_utils.reproducibility import setup
+from course_utils.transformer import TransformerDecoderBlock, TransformerEncoderBlock
 
 __all__ = [
     "MultiHeadAttention",
+    "TransformerDecoderBlock",
+    "TransformerEncoderBlock",
     "apply_rotary",
     "causal_mask",
     "masked_softmax",

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from course_utils import attention, masks, multihead, positional, seq2seq, training
+from course_utils import attention, efficiency, masks, multihead, positional, seq2seq, training, transformer
 from course_utils.errors import CheckError
 
 
@@ -1099,6 +1099,197 @@ def check_apply_rotary(fn: Callable[[torch.Tensor, torch.Tensor | None], Any], s
     _passed("apply_rotary")
 
 
+
+# ---------------------------------------------------------------------------
+# Exercise checkers, notebook 07
+# ---------------------------------------------------------------------------
+
+
+def check_layer_norm(fn: Callable[..., Any], seed: int = 0, B: int = 2, T: int = 3, D: int = 6) -> None:
+    """Check a learner's ``layer_norm(x, weight, bias, eps=1e-5) -> (B, T, D)`` (notebook 07, exercise 1).
+
+    One token has a tiny variance (1e-6), so where eps goes matters.
+
+    Raises:
+        CheckError: Naming the likely bug.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    x = 3.0 + 2.0 * torch.randn(B, T, D, generator=g)
+    x[0, 0] = 1e-3 * torch.randn(D, generator=g)  # a token with variance ~1e-6 (centred: no cancellation)
+    weight = 1.0 + 0.5 * torch.randn(D, generator=g)
+    bias = 0.5 * torch.randn(D, generator=g)
+    inputs = (x, weight, bias)
+    copies = tuple(t.clone() for t in inputs)
+    got = call(fn, x, weight, bias, 1e-5, name="layer_norm", expected=f"a (B, T, D) = {(B, T, D)} tensor")
+    if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
+        raise CheckError("layer_norm changed an input in place: use out-of-place operations")
+    expected = transformer.layer_norm(x, weight, bias, 1e-5)
+    mean = x.mean(-1, keepdim=True)
+    var = x.var(-1, keepdim=True, unbiased=False)
+    normalised = (x - mean) / torch.sqrt(var + 1e-5)
+    suspects = {
+        "the variance was divided by D - 1 (torch.var's default, unbiased=True): LayerNorm divides by D, "
+        "use x.var(-1, keepdim=True, unbiased=False) or the mean of squared deviations":
+            (x - mean) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5) * weight + bias,
+        "eps was added to the standard deviation: it goes inside the square root, sqrt(var + eps)":
+            (x - mean) / (torch.sqrt(var) + 1e-5) * weight + bias,
+        "the statistics were taken over the tokens (dim=-2): LayerNorm normalises each token over its D "
+        "features, dim=-1": (x - x.mean(-2, keepdim=True)) / torch.sqrt(x.var(-2, keepdim=True, unbiased=False) + 1e-5)
+        * weight + bias,
+        "weight (gamma) and bias (beta) are missing: scale by weight and add bias after normalising": normalised,
+        "weight and bias are swapped: normalised * weight + bias": normalised * bias + weight,
+        "the weight (gamma) is missing: multiply the normalised input by weight before adding bias": normalised + bias,
+    }
+    check_close(got, expected, name="the normalised tokens", shape="B T D", dims={"B": B, "T": T, "D": D},
+                suspects=suspects, hint="(x - mean) / sqrt(variance + eps) * weight + bias, statistics over the last "
+                                        "dimension, variance divided by D")
+    _passed("layer_norm")
+
+
+def check_residual(fn: Callable[..., Any], seed: int = 0, B: int = 2, T: int = 3, D: int = 4) -> None:
+    """Check a learner's ``residual(x, sublayer, norm, norm_first)`` for both placements (notebook 07, exercise 2).
+
+    Raises:
+        CheckError: Naming the likely bug (pre- and post-LN swapped, the
+            residual missing or concatenated, the residual path normalised).
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    x = 2.0 + torch.randn(B, T, D, generator=g)
+    W = torch.randn(D, D, generator=g)
+    norm = transformer.LayerNorm(D)
+    with torch.no_grad():
+        norm.weight.copy_(1.0 + 0.5 * torch.randn(D, generator=g))
+        norm.bias.copy_(0.5 * torch.randn(D, generator=g))
+
+    def sublayer(h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(h @ W)
+
+    x_copy = x.clone()
+    for norm_first in (False, True):
+        label = "pre-LN, norm_first=True" if norm_first else "post-LN, norm_first=False"
+        with torch.no_grad():
+            got = call(fn, x, sublayer, norm, norm_first, name="residual", expected=f"a (B, T, D) = {(B, T, D)} tensor",
+                       error_hint="a residual connection adds x and sublayer(...), both (B, T, D); concatenating "
+                                  "them doubles the width, which the norm cannot take")
+            if not torch.equal(x, x_copy):
+                raise CheckError("residual changed x in place (e.g. x += ...): use x + ... instead")
+            expected = transformer.residual(x, sublayer, norm, norm_first)
+            other = transformer.residual(x, sublayer, norm, not norm_first)
+            suspects = {
+                f"this is {'post' if norm_first else 'pre'}-LN: with norm_first={norm_first} the block should compute "
+                + ("x + sublayer(norm(x))" if norm_first else "norm(x + sublayer(x))"): other,
+                "the residual connection is missing: add x": (sublayer(norm(x)) if norm_first else norm(sublayer(x))),
+                "the residual path was normalised too: x itself is added unchanged, norm only feeds the sublayer":
+                    norm(x) + sublayer(norm(x)),
+                "the norm was applied to the sublayer's output: pre-LN normalises the sublayer's input":
+                    x + norm(sublayer(x)),
+            }
+        check_close(got, expected, name=f"the output ({label})", shape="B T D", dims={"B": B, "T": T, "D": D},
+                    suspects=suspects,
+                    hints={(B, T, 2 * D): "twice as wide: residual connections add (x + sublayer), they do not "
+                                          "concatenate"},
+                    hint="pre-LN: x + sublayer(norm(x)); post-LN: norm(x + sublayer(x))")
+    _passed("residual")
+
+
+
+# ---------------------------------------------------------------------------
+# Exercise checker, notebook 08
+# ---------------------------------------------------------------------------
+
+
+def _fold(update: Callable[..., Any], blocks: list[tuple[torch.Tensor, torch.Tensor]], T: int,
+          Dv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m, l, acc = torch.full((T, 1), float("-inf")), torch.zeros(T, 1), torch.zeros(T, Dv)
+    for scores, v in blocks:
+        m, l, acc = update(m, l, acc, scores, v)
+    return m, l, acc
+
+
+def check_online_softmax_update(fn: Callable[..., Any], seed: int = 0, T: int = 3, Dv: int = 4,
+                                block_sizes: tuple[int, ...] = (2, 3, 2)) -> None:
+    """Check a learner's ``online_softmax_update(m, l, acc, scores, v) -> (m, l, acc)`` (notebook 08, exercise 1).
+
+    Folds several blocks of keys (the second raises the running maximum, the
+    third does not), then compares the final ``acc / l`` with softmax over all
+    keys, and every intermediate state with the reference.
+
+    Raises:
+        CheckError: Naming the likely bug.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    offsets = [0.0, 4.0, -3.0] + [0.0] * max(0, len(block_sizes) - 3)
+    blocks = [(2.0 * torch.randn(T, n, generator=g) + offsets[i], torch.randn(n, Dv, generator=g))
+              for i, n in enumerate(block_sizes)]
+    all_scores = torch.cat([s for s, _ in blocks], dim=-1)  # (T, S)
+    all_values = torch.cat([v for _, v in blocks], dim=0)  # (S, Dv)
+    expected_out = torch.softmax(all_scores, dim=-1) @ all_values  # (T, Dv)
+
+    def no_acc_rescale(m, l, acc, scores, v):
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+        p = torch.exp(scores - m_new)
+        return m_new, l * torch.exp(m - m_new) + p.sum(-1, keepdim=True), acc + p @ v
+
+    def no_rescale(m, l, acc, scores, v):
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+        p = torch.exp(scores - m_new)
+        return m_new, l + p.sum(-1, keepdim=True), acc + p @ v
+
+    def inverted(m, l, acc, scores, v):
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+        p = torch.exp(scores - m_new)
+        c = torch.exp(m_new - m).nan_to_num(0.0, posinf=0.0)
+        return m_new, l * c + p.sum(-1, keepdim=True), acc * c + p @ v
+
+    suspects = {}
+    for message, variant in [
+        ("acc was not rescaled: when the maximum grows, multiply the old acc by exp(m_old - m_new), as for l",
+         no_acc_rescale),
+        ("the old sums were not rescaled: when a block raises the maximum, multiply l and acc by exp(m_old - m_new)",
+         no_rescale),
+        ("the correction is inverted: old sums are multiplied by exp(m_old - m_new) <= 1, not exp(m_new - m_old)",
+         inverted),
+    ]:
+        _, l_v, acc_v = _fold(variant, blocks, T, Dv)
+        suspects[message] = acc_v / l_v
+
+    state = (torch.full((T, 1), float("-inf")), torch.zeros(T, 1), torch.zeros(T, Dv))
+    states = []
+    for i, (scores, v) in enumerate(blocks):
+        inputs = (*state, scores, v)
+        copies = tuple(t.clone() for t in inputs)
+        got = call(fn, *inputs, name="online_softmax_update", expected="a tuple (m, l, acc)",
+                   error_hint="m and l are (T, 1), acc is (T, Dv), scores (T, Bk), v (Bk, Dv)")
+        if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
+            raise CheckError("online_softmax_update changed an input in place: return new tensors")
+        if not isinstance(got, tuple) or len(got) != 3 or not all(isinstance(t, torch.Tensor) for t in got):
+            raise CheckError(f"expected a tuple of three tensors (m, l, acc), got {describe(got)}")
+        if i == 0 and not torch.isfinite(got[2]).all():
+            raise CheckError("after the first block acc has NaN/inf: exp(scores - m) with the old maximum m = -inf is "
+                             "inf. Compute m_new first and use exp(scores - m_new); exp(m_old - m_new) = exp(-inf) = 0")
+        states.append(got)
+        state = got
+    m, l, acc = state
+    check_tensor(l, name="l after the last block", shape="T 1", dims={"T": T, "1": 1})
+    check_tensor(acc, name="acc after the last block", shape="T Dv", dims={"T": T, "Dv": Dv})
+    check_close(acc / l, expected_out, name="acc / l after the last block", shape="T Dv", dims={"T": T, "Dv": Dv},
+                suspects=suspects, hint="acc / l must equal softmax(all scores) @ all values")
+    ref = (torch.full((T, 1), float("-inf")), torch.zeros(T, 1), torch.zeros(T, Dv))
+    for i, ((scores, v), got) in enumerate(zip(blocks, states)):
+        ref = efficiency.online_softmax_update(*ref, scores, v)
+        check_close(got[0], ref[0], name=f"m after block {i + 1}", shape="T 1", dims={"T": T, "1": 1},
+                    hint="m is the running maximum: m_new = maximum(m, scores.amax(-1, keepdim=True)); a block with "
+                         "smaller scores must not lower it")
+        check_close(got[1], ref[1], name=f"l after block {i + 1}", shape="T 1", dims={"T": T, "1": 1},
+                    hint="l_new = l * exp(m - m_new) + exp(scores - m_new).sum(-1, keepdim=True)")
+        check_close(got[2], ref[2], name=f"acc after block {i + 1}", shape="T Dv", dims={"T": T, "Dv": Dv},
+                    hint="acc_new = acc * exp(m - m_new) + exp(scores - m_new) @ v")
+    _passed("online_softmax_update")
+
+
 __all__ = [
     "CheckError",
     "call",
@@ -1114,8 +1305,11 @@ __all__ = [
     "check_masked_softmax",
     "check_merge_heads",
     "check_multi_head_attention",
+    "check_online_softmax_update",
+    "check_layer_norm",
     "check_padding_mask",
     "check_pairwise_scores",
+    "check_residual",
     "check_scaled_dot_product_attention",
     "check_scaled_scores",
     "check_spot_the_error",

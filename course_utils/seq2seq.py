@@ -30,7 +30,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from course_utils.attention import masked_softmax  # True = may attend; fully masked rows -> 0, not NaN
 
-DecoderKind = Literal["plain", "attention"]
+DecoderKind = Literal["plain", "attention", "transformer"]
 ScoreKind = Literal["additive", "concat", "dot", "bilinear"]
 
 
@@ -55,7 +55,12 @@ class Seq2SeqConfig:
     bidirectional: bool = True  # encoder reads the source both ways, states are 2H wide
     score: ScoreKind = "additive"  # attention score function (attention decoder only)
     attn_size: int = 64  # A: width of the additive / concat scorer's hidden layer
-    # --- training budget (identical for both decoders) ---
+    # --- transformer (decoder="transformer", notebook 07) ---
+    d_model: int = 64  # D: width of the transformer
+    num_heads: int = 4  # H: attention heads per layer
+    num_layers: int = 2  # encoder blocks, and as many decoder blocks
+    d_ff: int = 128  # hidden width of the feed-forward networks
+    # --- training budget (identical for every decoder) ---
     steps: int = 600  # optimizer steps
     batch_size: int = 64  # B: pairs per step
     lr: float = 3e-3  # peak Adam learning rate
@@ -565,16 +570,26 @@ class Seq2Seq(nn.Module):
 
 def build_seq2seq(
     config: Seq2SeqConfig, src_vocab_size: int, tgt_vocab_size: int, decoder: DecoderKind = "attention"
-) -> Seq2Seq:
-    """Build a plain or attention model from a config (call ``torch.manual_seed`` first for reproducibility).
+) -> nn.Module:
+    """Build a plain, attention or transformer model from a config (call ``torch.manual_seed`` first).
+
+    Every kind has the interface of :class:`Seq2Seq` (``forward(src, src_lengths, tgt_in)`` and
+    ``greedy_decode(src, src_lengths, max_len)``), so training and evaluation are shared.
 
     Args:
         config: Sizes (``embed_size``, ``hidden_size``, ``bidirectional``,
-            ``score``, ``attn_size``).
+            ``score``, ``attn_size``; for the transformer ``d_model``,
+            ``num_heads``, ``num_layers``, ``d_ff``).
         src_vocab_size: Source vocabulary size.
         tgt_vocab_size: Target vocabulary size.
-        decoder: ``"plain"`` (bottleneck) or ``"attention"`` (Bahdanau).
+        decoder: ``"plain"`` (bottleneck), ``"attention"`` (Bahdanau) or
+            ``"transformer"`` (notebook 07: a pre-LN encoder-decoder transformer).
     """
+    if decoder == "transformer":
+        from course_utils.transformer import TransformerSeq2Seq  # transformer -> multihead -> attention
+
+        return TransformerSeq2Seq(src_vocab_size, tgt_vocab_size, config.d_model, config.num_heads, config.d_ff,
+                                  config.num_layers)
     enc = Encoder(src_vocab_size, config.embed_size, config.hidden_size, config.bidirectional)
     if decoder == "plain":
         dec: nn.Module = PlainDecoder(tgt_vocab_size, config.embed_size, config.hidden_size, enc.out_size)
@@ -582,7 +597,7 @@ def build_seq2seq(
         scorer = make_scorer(config.score, config.hidden_size, enc.out_size, config.attn_size)
         dec = AttentionDecoder(tgt_vocab_size, config.embed_size, config.hidden_size, enc.out_size, scorer)
     else:
-        raise ValueError(f"decoder must be 'plain' or 'attention', got {decoder!r}")
+        raise ValueError(f"decoder must be 'plain', 'attention' or 'transformer', got {decoder!r}")
     return Seq2Seq(enc, dec)
 
 

@@ -120,4 +120,26 @@ BUGGY = {
             "    return reference(x, -positions)\n"
         ),
     },
+    "07_transformer_block": {
+        # the unbiased variance (divides by D - 1)
+        "layer_norm": (
+            "def layer_norm(x, weight, bias, eps=1e-5):\n"
+            "    mean = x.mean(dim=-1, keepdim=True)\n"
+            "    return (x - mean) / torch.sqrt(x.var(dim=-1, keepdim=True) + eps) * weight + bias\n"
+        ),
+        # pre-LN and post-LN swapped
+        "residual": (
+            "def residual(x, sublayer, norm, norm_first):\n"
+            "    return norm(x + sublayer(x)) if norm_first else x + sublayer(norm(x))\n"
+        ),
+    },
+    "08_attention_at_scale": {
+        # the running sum of values is not rescaled when the maximum grows
+        "online_softmax_update": (
+            "def online_softmax_update(m, l, acc, scores, v):\n"
+            "    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))\n"
+            "    p = torch.exp(scores - m_new)\n"
+            "    return m_new, l * torch.exp(m - m_new) + p.sum(dim=-1, keepdim=True), acc + p @ v\n"
+        ),
+    },
 }

@@ -181,8 +181,11 @@ def test_decoders_are_the_expected_classes():
     model = build_seq2seq(config, 9, 9, "attention")
     assert isinstance(model, Seq2Seq) and isinstance(model.decoder, AttentionDecoder)
     assert isinstance(model.decoder.scorer, AdditiveScore)
-    with pytest.raises(ValueError):
-        build_seq2seq(config, 9, 9, "transformer")
+    from course_utils.transformer import TransformerSeq2Seq
+
+    assert isinstance(build_seq2seq(config, 9, 9, "transformer"), TransformerSeq2Seq)
+    with pytest.raises(ValueError, match="'plain', 'attention' or 'transformer'"):
+        build_seq2seq(config, 9, 9, "lstm")
 
 
 def test_config_is_frozen():

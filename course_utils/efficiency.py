@@ -1,0 +1,228 @@
+"""Attention at scale: cost against sequence length, and tiled attention (notebook 08).
+
+* Vaswani et al. 2017, Table 1: per layer, self-attention costs O(n^2 d)
+  operations with O(1) sequential steps; a recurrent layer costs O(n d^2)
+  with O(n) sequential steps. ``time_layers`` measures both on this machine.
+* The (T, S) weight matrix is the memory wall. Tiled attention with an
+  online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022)
+  computes the same output one block of keys at a time, never storing it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from course_utils.attention import scaled_dot_product_attention
+from course_utils.errors import InputError
+
+
+def time_call(fn: Callable[[], Any], repeats: int = 5, min_seconds: float = 0.02) -> float:
+    """Median wall time of ``fn()`` in seconds, after one warm-up call.
+
+    Each measurement repeats ``fn`` until at least ``min_seconds`` have passed,
+    so that very fast calls are not dominated by the timer.
+    """
+    fn()
+    times = []
+    for _ in range(repeats):
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_seconds:
+                break
+        times.append(elapsed / calls)
+    return statistics.median(times)
+
+
+class SelfAttentionLayer(nn.Module):
+    """One head of self-attention with q/k/v projections of width d (notebook 08).
+
+    Args:
+        d: Width.
+        fused: Use PyTorch's fused ``F.scaled_dot_product_attention`` (tiled, never
+            storing the (n, n) weights) instead of the course's reference, which
+            stores them. Both compute the same function (tests/test_efficiency.py).
+    """
+
+    def __init__(self, d: int, fused: bool = False) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.fused = fused
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, n, d) -> (B, n, d): O(n d^2) for the projections, O(n^2 d) for the attention."""
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, n, d) each
+        if self.fused:
+            return nn.functional.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]  # (B, n, d)
+        return scaled_dot_product_attention(q, k, v)[0]  # (B, n, d)
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Measured seconds per forward pass, by sequence length n (see ``time_layers``)."""
+
+    ns: list[int]  # sequence lengths
+    d: int  # width
+    attention: list[float]  # seconds, self-attention layer with the course's reference attention
+    fused: list[float]  # seconds, the same layer with PyTorch's fused attention
+    recurrent: list[float]  # seconds, recurrent layer (nn.RNN, tanh)
+
+
+def time_layers(ns: list[int], d: int, batch_size: int = 1, repeats: int = 5, seed: int = 0) -> LayerTimes:
+    """Time a self-attention layer (reference and fused) and a recurrent layer of width d, for each length n.
+
+    Args:
+        ns: Sequence lengths.
+        d: Width of both layers.
+        batch_size: Sequences per forward pass.
+        repeats: Measurements per point (the median is kept).
+        seed: Seed for the weights and inputs.
+
+    Returns:
+        A ``LayerTimes``.
+    """
+    torch.manual_seed(seed)
+    attention, recurrent = SelfAttentionLayer(d).eval(), nn.RNN(d, d, batch_first=True).eval()
+    fused = SelfAttentionLayer(d, fused=True).eval()
+    fused.load_state_dict(attention.state_dict())
+    t_att, t_fused, t_rnn = [], [], []
+    with torch.no_grad():
+        for n in ns:
+            x = torch.randn(batch_size, n, d)
+            t_att.append(time_call(lambda: attention(x), repeats))
+            t_fused.append(time_call(lambda: fused(x), repeats))
+            t_rnn.append(time_call(lambda: recurrent(x), repeats))
+    return LayerTimes(ns=list(ns), d=d, attention=t_att, fused=t_fused, recurrent=t_rnn)
+
+
+def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor,
+                          v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold one block of keys into a running softmax-weighted sum (notebook 08, exercise 1).
+
+    Keeps, per query, the running maximum score m, the running sum of
+    exp(score - m) l, and the running sum of exp(score - m) * value acc. When
+    a block raises the maximum, the old sums are rescaled by exp(m_old - m_new).
+    After the last block, ``acc / l`` is exactly softmax(all scores) @ all values.
+
+    Args:
+        m: (..., T, 1) running maximum (start: -inf).
+        l: (..., T, 1) running denominator (start: 0).
+        acc: (..., T, Dv) running numerator (start: 0).
+        scores: (..., T, Bk) scores of this block of Bk keys (already scaled).
+        v: (..., Bk, Dv) values of this block.
+
+    Returns:
+        The updated (m, l, acc), same shapes.
+    """
+    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))  # (..., T, 1)
+    correction = torch.exp(m - m_new)  # (..., T, 1): rescales what was summed with the old maximum
+    p = torch.exp(scores - m_new)  # (..., T, Bk)
+    l_new = l * correction + p.sum(dim=-1, keepdim=True)  # (..., T, 1)
+    acc_new = acc * correction + p @ v  # (..., T, Dv) + (..., T, Bk) @ (..., Bk, Dv)
+    return m_new, l_new, acc_new
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int = 256) -> torch.Tensor:
+    """softmax(q k^T / sqrt(Dk)) v, one block of keys at a time, without the (T, S) matrix (no mask).
+
+    Args:
+        q: (..., T, Dk); k: (..., S, Dk); v: (..., S, Dv), float.
+        block_size: Keys per block; memory for scores is (..., T, block_size).
+
+    Returns:
+        (..., T, Dv), equal to the naive result up to float rounding.
+    """
+    if block_size < 1:
+        raise InputError(f"block_size must be >= 1, got {block_size}")
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    m = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype)  # (..., T, 1)
+    l = torch.zeros((*q.shape[:-1], 1), dtype=q.dtype)  # (..., T, 1)
+    acc = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)  # (..., T, Dv)
+    for start in range(0, k.shape[-2], block_size):
+        k_block = k[..., start:start + block_size, :]  # (..., Bk, Dk)
+        v_block = v[..., start:start + block_size, :]  # (..., Bk, Dv)
+        scores = (q @ k_block.transpose(-2, -1)) * scale  # (..., T, Bk)
+        m, l, acc = online_softmax_update(m, l, acc, scores, v_block)
+    return acc / l  # (..., T, Dv)
+
+
+_MEMORY_SCRIPT = r"""
+import json, os, re, resource, sys
+import torch
+from course_utils.attention import scaled_dot_product_attention
+from course_utils.efficiency import tiled_attention
+
+
+def peak_kb():
+    if os.path.exists("/proc/self/status"):  # Linux: the high-water mark, reset below
+        return int(re.search(r"VmHWM:\s+(\d+) kB", open("/proc/self/status").read()).group(1))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
+
+
+def current_kb():
+    if os.path.exists("/proc/self/status"):
+        return int(re.search(r"VmRSS:\s+(\d+) kB", open("/proc/self/status").read()).group(1))
+    return peak_kb()
+
+
+kind, n, d, block = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 1, n, d, generator=g) for _ in range(3))  # (B, H, n, d)
+small = [t[..., :8, :] for t in (q, k, v)]
+run = {
+    "naive": lambda a, b, c: scaled_dot_product_attention(a, b, c)[0],
+    "tiled": lambda a, b, c: tiled_attention(a, b, c, block),
+    "pytorch": lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(a, b, c),
+}[kind]
+with torch.no_grad():
+    run(*small)  # load the kernels before measuring
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the high-water mark to the current resident size
+    except OSError:
+        pass
+    before = current_kb()
+    out = run(q, k, v)
+    after = peak_kb()
+print(json.dumps({"peak_mb": max(after - before, 0) / 1024, "checksum": float(out.double().sum())}))
+"""
+
+
+def peak_memory_mb(kind: str, n: int, d: int, block_size: int = 256) -> float:
+    """Extra peak memory (MB) of one attention call on (1, 1, n, d) inputs, measured in a fresh process.
+
+    On Linux the process's high-water mark of resident memory is reset just
+    before the call (``/proc/self/clear_refs``) and read after it (``VmHWM``);
+    elsewhere the maximum resident set size (``resource.getrusage``) is used.
+    The difference from the resident size before the call is what the call
+    needed at its peak.
+
+    Args:
+        kind: "naive" (course reference, stores the (n, n) weights), "tiled"
+            (``tiled_attention``) or "pytorch" (``F.scaled_dot_product_attention``).
+        n: Sequence length.
+        d: Width.
+        block_size: Keys per block for "tiled".
+
+    Returns:
+        Megabytes (MiB).
+    """
+    if kind not in ("naive", "tiled", "pytorch"):
+        raise InputError(f"kind must be 'naive', 'tiled' or 'pytorch', got {kind!r}")
+    result = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, kind, str(n), str(d), str(block_size)],
+                            capture_output=True, text=True, check=True)
+    return float(json.loads(result.stdout.strip().splitlines()[-1])["peak_mb"])

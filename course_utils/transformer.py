@@ -1,0 +1,362 @@
+"""The transformer block, Vaswani et al. 2017, §3.1-3.4 (notebook 07).
+
+Encoder block: self-attention and a position-wise feed-forward network, each
+wrapped in a residual connection and a layer normalisation. Decoder block:
+causal self-attention, cross-attention to the encoder's output, feed-forward.
+Two placements of the normalisation:
+
+* post-LN (the original paper): ``x = norm(x + sublayer(x))``;
+* pre-LN (most recent models, Xiong et al. 2020): ``x = x + sublayer(norm(x))``.
+
+Masks are boolean, True = may attend. ``nn.TransformerEncoderLayer`` and
+``nn.TransformerDecoderLayer`` read boolean masks the other way (True = ignore).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from course_utils.errors import InputError
+from course_utils.masks import causal_mask, padding_mask
+from course_utils.multihead import MultiHeadAttention
+from course_utils.positional import sinusoidal_positional_encoding
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """Normalise each token's features to mean 0 and variance 1, then scale and shift (notebook 07, exercise 1).
+
+    Ba, Kiros, Hinton 2016, arXiv:1607.06450. The variance is the biased one
+    (divided by D), as in ``nn.LayerNorm``.
+
+    Args:
+        x: (..., D) float.
+        weight: (D,) float, the gain gamma.
+        bias: (D,) float, the shift beta.
+        eps: Added to the variance inside the square root.
+
+    Returns:
+        (..., D) float.
+    """
+    mean = x.mean(dim=-1, keepdim=True)  # (..., D) -> (..., 1)
+    variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # (..., 1), divided by D
+    return (x - mean) / torch.sqrt(variance + eps) * weight + bias  # (..., D)
+
+
+class LayerNorm(nn.Module):
+    """``layer_norm`` with learned ``weight`` (ones) and ``bias`` (zeros); same parameters as ``nn.LayerNorm(D)``."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., D)."""
+        return layer_norm(x, self.weight, self.bias, self.eps)
+
+
+def residual(x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor], norm: Callable[[torch.Tensor], torch.Tensor],
+             norm_first: bool) -> torch.Tensor:
+    """A sublayer wrapped in a residual connection and a normalisation (notebook 07, exercise 2).
+
+    Args:
+        x: (B, T, D) float.
+        sublayer: (B, T, D) -> (B, T, D), e.g. self-attention or the feed-forward network.
+        norm: (B, T, D) -> (B, T, D), a layer normalisation.
+        norm_first: True for pre-LN, ``x + sublayer(norm(x))``; False for post-LN (the
+            original paper), ``norm(x + sublayer(x))``.
+
+    Returns:
+        (B, T, D) float. The residual connection *adds*; it never concatenates.
+    """
+    if norm_first:
+        return x + sublayer(norm(x))  # pre-LN: the residual path stays un-normalised
+    return norm(x + sublayer(x))  # post-LN: normalise after the addition
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network, max(0, x W1 + b1) W2 + b2, Vaswani et al. 2017 eq. (2).
+
+    The same two-layer MLP is applied to every position separately.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu") -> None:
+        super().__init__()
+        if activation not in ("relu", "gelu"):
+            raise InputError(f"activation must be 'relu' or 'gelu', got {activation!r}")
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.activation = nn.ReLU() if activation == "relu" else nn.GELU()
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., D)."""
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (..., D) -> (..., d_ff) -> (..., D)
+
+
+def _copy_layer_norm(ours: LayerNorm, theirs: nn.LayerNorm) -> None:
+    ours.weight.data.copy_(theirs.weight.data)
+    ours.bias.data.copy_(theirs.bias.data)
+    ours.eps = theirs.eps
+
+
+def _activation_name(layer: nn.Module) -> str:
+    activation = layer.activation
+    if activation is nn.functional.relu or isinstance(activation, nn.ReLU):
+        return "relu"
+    if activation is nn.functional.gelu or isinstance(activation, nn.GELU):
+        return "gelu"
+    raise InputError("from_torch supports activation='relu' or 'gelu' only")
+
+
+def _copy_feed_forward(ours: FeedForward, layer: nn.Module) -> None:
+    for mine, theirs in ((ours.linear1, layer.linear1), (ours.linear2, layer.linear2)):
+        mine.weight.data.copy_(theirs.weight.data)
+        mine.bias.data.copy_(theirs.bias.data)
+
+
+class TransformerEncoderBlock(nn.Module):
+    """Self-attention + feed-forward, each with a residual connection and a LayerNorm (notebook 07).
+
+    Args:
+        d_model: D.
+        num_heads: H.
+        d_ff: Hidden width of the feed-forward network.
+        dropout: Dropout after each sublayer and inside the feed-forward network.
+        norm_first: Pre-LN (True) or post-LN (False, the original paper).
+        activation: "relu" (the paper) or "gelu".
+        eps: LayerNorm epsilon.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, norm_first: bool = False,
+                 activation: str = "relu", eps: float = 1e-5) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, num_heads)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
+        self.norm1, self.norm2 = LayerNorm(d_model, eps), LayerNorm(d_model, eps)
+        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, D) -> (B, T, D); ``mask`` bool, True = may attend, e.g. (B, 1, T) padding or (T, T) causal.
+
+        With ``return_weights``, also the self-attention weights (B, H, T, T).
+        """
+        weights: list[torch.Tensor] = []
+
+        def attend(h: torch.Tensor) -> torch.Tensor:
+            out, w = self.self_attn(h, mask=mask, return_weights=True)  # (B, T, D), (B, H, T, T)
+            weights.append(w)
+            return self.dropout1(out)
+
+        x = residual(x, attend, self.norm1, self.norm_first)  # (B, T, D)
+        x = residual(x, lambda h: self.dropout2(self.feed_forward(h)), self.norm2, self.norm_first)  # (B, T, D)
+        return (x, weights[0]) if return_weights else x
+
+    @classmethod
+    def from_torch(cls, layer: nn.TransformerEncoderLayer) -> TransformerEncoderBlock:
+        """Copy the weights of ``nn.TransformerEncoderLayer(..., batch_first=True)``."""
+        if not isinstance(layer, nn.TransformerEncoderLayer):
+            raise InputError(f"expected an nn.TransformerEncoderLayer, got {type(layer).__name__}")
+        attn = layer.self_attn
+        ours = cls(attn.embed_dim, attn.num_heads, layer.linear1.out_features, dropout=layer.dropout.p,
+                   norm_first=layer.norm_first, activation=_activation_name(layer), eps=layer.norm1.eps)
+        ours.self_attn = MultiHeadAttention.from_torch(attn)
+        _copy_feed_forward(ours.feed_forward, layer)
+        _copy_layer_norm(ours.norm1, layer.norm1)
+        _copy_layer_norm(ours.norm2, layer.norm2)
+        return ours
+
+
+class TransformerDecoderBlock(nn.Module):
+    """Causal self-attention, cross-attention to the encoder output, feed-forward (notebook 07).
+
+    The self-attention is *always* causal (query i sees target positions j <= i),
+    in training and in generation alike; ``self_mask`` can only restrict it further.
+
+    Args: as ``TransformerEncoderBlock``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, norm_first: bool = False,
+                 activation: str = "relu", eps: float = 1e-5) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, num_heads)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
+        self.norm1, self.norm2, self.norm3 = (LayerNorm(d_model, eps) for _ in range(3))
+        self.dropout1, self.dropout2, self.dropout3 = (nn.Dropout(dropout) for _ in range(3))
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
+                self_mask: torch.Tensor | None = None,
+                return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Decode.
+
+        Args:
+            x: (B, T, D) target-side inputs.
+            memory: (B, S, D) encoder output.
+            memory_mask: bool, True = may attend, e.g. (B, 1, S) source padding.
+            self_mask: optional extra bool mask on the causal self-attention, broadcastable to (B, T, T).
+            return_weights: Also return the cross-attention weights (B, H, T, S).
+
+        Returns:
+            (B, T, D), and with ``return_weights`` the cross-attention weights.
+        """
+        T = x.shape[1]
+        causal = causal_mask(T).to(x.device)  # (T, T), True on and below the diagonal
+        mask = causal if self_mask is None else causal & self_mask
+        cross: list[torch.Tensor] = []
+
+        def cross_attend(h: torch.Tensor) -> torch.Tensor:
+            out, w = self.cross_attn(h, memory, mask=memory_mask, return_weights=True)  # (B, T, D), (B, H, T, S)
+            cross.append(w)
+            return self.dropout2(out)
+
+        x = residual(x, lambda h: self.dropout1(self.self_attn(h, mask=mask)), self.norm1, self.norm_first)
+        x = residual(x, cross_attend, self.norm2, self.norm_first)
+        x = residual(x, lambda h: self.dropout3(self.feed_forward(h)), self.norm3, self.norm_first)
+        return (x, cross[0]) if return_weights else x
+
+    @classmethod
+    def from_torch(cls, layer: nn.TransformerDecoderLayer) -> TransformerDecoderBlock:
+        """Copy the weights of ``nn.TransformerDecoderLayer(..., batch_first=True)``."""
+        if not isinstance(layer, nn.TransformerDecoderLayer):
+            raise InputError(f"expected an nn.TransformerDecoderLayer, got {type(layer).__name__}")
+        attn = layer.self_attn
+        ours = cls(attn.embed_dim, attn.num_heads, layer.linear1.out_features, dropout=layer.dropout.p,
+                   norm_first=layer.norm_first, activation=_activation_name(layer), eps=layer.norm1.eps)
+        ours.self_attn = MultiHeadAttention.from_torch(attn)
+        ours.cross_attn = MultiHeadAttention.from_torch(layer.multihead_attn)
+        _copy_feed_forward(ours.feed_forward, layer)
+        for mine, theirs in ((ours.norm1, layer.norm1), (ours.norm2, layer.norm2), (ours.norm3, layer.norm3)):
+            _copy_layer_norm(mine, theirs)
+        return ours
+
+
+class TransformerSeq2Seq(nn.Module):
+    """A small encoder-decoder transformer with the interface of ``seq2seq.Seq2Seq`` (notebook 07).
+
+    Token embeddings scaled by sqrt(D) plus sinusoidal positions (Vaswani et al.
+    2017, §3.4-3.5), ``num_layers`` encoder and decoder blocks, a linear output layer.
+
+    Args:
+        src_vocab_size, tgt_vocab_size: Vocabulary sizes (id 0 = padding).
+        d_model, num_heads, d_ff, num_layers: Sizes.
+        norm_first: Pre-LN (True; adds a final LayerNorm to the encoder and decoder) or post-LN.
+        max_len: Longest sequence the position table covers.
+        sos_id, eos_id: Ids of <sos> and <eos>.
+    """
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 64, num_heads: int = 4,
+                 d_ff: int = 128, num_layers: int = 2, norm_first: bool = True, max_len: int = 128,
+                 sos_id: int = 1, eos_id: int = 2) -> None:
+        super().__init__()
+        self.d_model, self.sos_id, self.eos_id = d_model, sos_id, eos_id
+        self.src_embedding = nn.Embedding(src_vocab_size, d_model, padding_idx=0)
+        self.tgt_embedding = nn.Embedding(tgt_vocab_size, d_model, padding_idx=0)
+        for embedding in (self.src_embedding, self.tgt_embedding):  # std D^-1/2: after the sqrt(D) scale, entries
+            nn.init.normal_(embedding.weight, std=d_model**-0.5)  # of size ~1, like the positional encoding's
+            embedding.weight.data[0] = 0.0  # padding row
+        self.register_buffer("pe", sinusoidal_positional_encoding(max_len, d_model))  # (max_len, D)
+        self.encoder = nn.ModuleList(TransformerEncoderBlock(d_model, num_heads, d_ff, norm_first=norm_first)
+                                     for _ in range(num_layers))
+        self.decoder = nn.ModuleList(TransformerDecoderBlock(d_model, num_heads, d_ff, norm_first=norm_first)
+                                     for _ in range(num_layers))
+        self.encoder_norm = LayerNorm(d_model) if norm_first else nn.Identity()
+        self.decoder_norm = LayerNorm(d_model) if norm_first else nn.Identity()
+        self.out = nn.Linear(d_model, tgt_vocab_size)
+
+    def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor) -> torch.Tensor:
+        T = tokens.shape[1]
+        if T > self.pe.shape[0]:
+            raise InputError(f"sequence of length {T} is longer than max_len = {self.pe.shape[0]}")
+        return embedding(tokens) * math.sqrt(self.d_model) + self.pe[:T]  # (B, T, D)
+
+    def encode(self, src: torch.Tensor, src_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, S) ids -> memory (B, S, D) and the source padding mask (B, 1, S)."""
+        mask = padding_mask(src_lengths, src.shape[1])  # (B, 1, S), True on real tokens
+        h = self._embed(self.src_embedding, src)  # (B, S, D)
+        for block in self.encoder:
+            h = block(h, mask=mask)
+        return self.encoder_norm(h), mask
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor,
+               memory_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced logits (B, T, V) and the last block's cross-attention, averaged over heads (B, T, S)."""
+        h = self._embed(self.tgt_embedding, tgt_in)  # (B, T, D)
+        weights = None
+        for block in self.decoder:
+            h, weights = block(h, memory, memory_mask=memory_mask, return_weights=True)
+        return self.out(self.decoder_norm(h)), weights.mean(dim=1)  # (B, T, V), (B, H, T, S) -> (B, T, S)
+
+    def forward(self, src: torch.Tensor, src_lengths: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits (B, T, V) for ``tgt_in`` = <sos> y_1 ... y_{T-1}."""
+        memory, mask = self.encode(src, src_lengths)
+        return self.decode(tgt_in, memory, mask)[0]
+
+    @torch.no_grad()
+    def greedy_decode(self, src: torch.Tensor, src_lengths: torch.Tensor,
+                      max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy decoding (re-running the decoder on the prefix at each step; fine for short outputs).
+
+        Returns:
+            tokens (B, T') with T' <= max_len, and the last block's cross-attention (B, T', S).
+        """
+        memory, mask = self.encode(src, src_lengths)
+        tokens = torch.full((src.shape[0], 1), self.sos_id, dtype=torch.long, device=src.device)  # (B, 1)
+        done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+        weights = None
+        for _ in range(max_len):
+            logits, weights = self.decode(tokens, memory, mask)  # (B, t, V), (B, t, S)
+            nxt = logits[:, -1].argmax(dim=-1)  # (B,)
+            tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (B, t + 1)
+            done = done | (nxt == self.eos_id)
+            if bool(done.all()):
+                break
+        return tokens[:, 1:], weights
+
+
+def gradient_norms_by_layer(depth: int, norm_first: bool, residual_connections: bool = True, d_model: int = 64,
+                            num_heads: int = 4, d_ff: int = 128, B: int = 8, T: int = 16,
+                            seed: int = 0) -> list[float]:
+    """Gradient norm of each block's parameters at initialisation, for a stack of encoder blocks (notebook 07).
+
+    The loss is the mean squared error against a random target. Without
+    residual connections each sublayer's output replaces its input (post-LN:
+    ``norm(sublayer(x))``; pre-LN: ``sublayer(norm(x))``).
+
+    Args:
+        depth: Number of blocks.
+        norm_first: Pre-LN (True) or post-LN (False).
+        residual_connections: Keep (True) or remove (False) the residual additions.
+        d_model, num_heads, d_ff: Block sizes.
+        B, T: Batch size and sequence length of the random input.
+        seed: Seed for the weights, input and target.
+
+    Returns:
+        ``depth`` gradient norms, from the first block (nearest the input) to the last.
+    """
+    torch.manual_seed(seed)
+    blocks = [TransformerEncoderBlock(d_model, num_heads, d_ff, norm_first=norm_first) for _ in range(depth)]
+    x = torch.randn(B, T, d_model)
+    target = torch.randn(B, T, d_model)
+    h = x
+    for block in blocks:
+        if residual_connections:
+            h = block(h)
+        elif norm_first:
+            h = block.self_attn(block.norm1(h))
+            h = block.feed_forward(block.norm2(h))
+        else:
+            h = block.norm1(block.self_attn(h))
+            h = block.norm2(block.feed_forward(h))
+    loss = ((h - target) ** 2).mean()
+    loss.backward()
+    return [math.sqrt(sum(float((p.grad ** 2).sum()) for p in block.parameters() if p.grad is not None))
+            for block in blocks]

@@ -1,0 +1,177 @@
+"""Notebook 07: LayerNorm, residual blocks, encoder and decoder blocks against PyTorch, the small transformer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils import masks, transformer
+from course_utils.checks import CheckError, check_layer_norm, check_residual
+from course_utils.errors import InputError
+from course_utils.seq2seq import Seq2SeqConfig, build_seq2seq
+from course_utils.transformer import TransformerDecoderBlock, TransformerEncoderBlock
+
+SETTINGS = [(False, "relu"), (True, "relu"), (False, "gelu"), (True, "gelu")]
+
+
+@pytest.mark.parametrize("shape", [(3, 8), (2, 5, 16), (1, 1, 4)])
+def test_layer_norm_matches_nn_layer_norm(shape):
+    torch.manual_seed(0)
+    theirs = nn.LayerNorm(shape[-1])
+    with torch.no_grad():
+        theirs.weight.normal_()
+        theirs.bias.normal_()
+    ours = transformer.LayerNorm(shape[-1])
+    ours.load_state_dict(theirs.state_dict())
+    x = 3 + 2 * torch.randn(shape)
+    torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=0)
+    normalised = transformer.layer_norm(x, torch.ones(shape[-1]), torch.zeros(shape[-1]))
+    if shape[-1] > 1:
+        torch.testing.assert_close(normalised.mean(-1), torch.zeros(shape[:-1]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("norm_first", "activation"), SETTINGS)
+def test_encoder_block_matches_nn_transformer_encoder_layer(norm_first, activation):
+    torch.manual_seed(1)
+    theirs = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, activation=activation, batch_first=True,
+                                        norm_first=norm_first).eval()
+    ours = TransformerEncoderBlock.from_torch(theirs).eval()
+    x = torch.randn(3, 7, 32)
+    pad = masks.padding_mask(torch.tensor([7, 5, 2]), 7)  # (B, 1, S), True = may attend
+    causal = masks.causal_mask(7)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours(x, mask=pad), theirs(x, src_key_padding_mask=~pad[:, 0]), atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours(x, mask=causal), theirs(x, src_mask=~causal), atol=1e-5, rtol=0)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+
+
+@pytest.mark.parametrize(("norm_first", "activation"), SETTINGS)
+def test_decoder_block_matches_nn_transformer_decoder_layer(norm_first, activation):
+    torch.manual_seed(2)
+    theirs = nn.TransformerDecoderLayer(32, 4, 64, dropout=0.0, activation=activation, batch_first=True,
+                                        norm_first=norm_first).eval()
+    ours = TransformerDecoderBlock.from_torch(theirs).eval()
+    x, memory = torch.randn(2, 6, 32), torch.randn(2, 9, 32)
+    pad = masks.padding_mask(torch.tensor([9, 4]), 9)
+    with torch.no_grad():
+        expected = theirs(x, memory, tgt_mask=~masks.causal_mask(6), memory_key_padding_mask=~pad[:, 0])
+        torch.testing.assert_close(ours(x, memory, memory_mask=pad), expected, atol=1e-5, rtol=0)
+
+
+def test_decoder_is_causal_future_tokens_do_not_change_earlier_outputs():
+    torch.manual_seed(3)
+    block = TransformerDecoderBlock(16, 2, 32).eval()
+    x, memory = torch.randn(1, 8, 16), torch.randn(1, 5, 16)
+    changed = x.clone()
+    changed[:, 5:] = torch.randn(1, 3, 16)
+    with torch.no_grad():
+        a, b = block(x, memory), block(changed, memory)
+    torch.testing.assert_close(a[:, :5], b[:, :5])
+    assert not torch.allclose(a[:, 5:], b[:, 5:])
+
+
+def test_residual_adds_and_places_the_norm():
+    x = torch.randn(2, 3, 4)
+    norm = transformer.LayerNorm(4)
+
+    def double(h):
+        return 2 * h
+
+    torch.testing.assert_close(transformer.residual(x, double, norm, norm_first=True), x + 2 * norm(x))
+    torch.testing.assert_close(transformer.residual(x, double, norm, norm_first=False), norm(3 * x))
+
+
+def test_from_torch_rejects_other_modules_and_activations():
+    with pytest.raises(InputError, match="expected an nn.TransformerEncoderLayer"):
+        TransformerEncoderBlock.from_torch(nn.Linear(2, 2))
+    with pytest.raises(InputError, match="'relu' or 'gelu'"):
+        TransformerEncoderBlock.from_torch(nn.TransformerEncoderLayer(8, 2, 16, activation=torch.tanh, batch_first=True))
+    with pytest.raises(InputError, match="activation must be"):
+        transformer.FeedForward(8, 16, activation="tanh")
+
+
+def test_transformer_seq2seq_shapes_greedy_decoding_and_padding():
+    torch.manual_seed(4)
+    model = build_seq2seq(Seq2SeqConfig(), 13, 13, decoder="transformer").eval()
+    src = torch.tensor([[4, 5, 6, 2], [7, 8, 2, 0]])
+    lengths = torch.tensor([4, 3])
+    tgt_in = torch.tensor([[1, 6, 5], [1, 8, 7]])
+    logits = model(src, lengths, tgt_in)
+    assert logits.shape == (2, 3, 13)
+    tokens, weights = model.greedy_decode(src, lengths, max_len=5)
+    assert tokens.shape[0] == 2 and tokens.shape[1] <= 5 and weights.shape == (2, tokens.shape[1], 4)
+    assert (weights[1, :, 3] == 0).all()  # the padded source position gets no weight
+    with torch.no_grad():  # padding does not change the real sequence's output
+        alone = model(src[1:, :3], lengths[1:], tgt_in[1:])
+    torch.testing.assert_close(alone, logits[1:], atol=1e-5, rtol=0)
+
+
+# --- checkers -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_checkers_accept_the_reference(seed, capsys):
+    check_layer_norm(transformer.layer_norm, seed=seed)
+    check_layer_norm(lambda x, w, b, eps=1e-5: nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps), seed=seed)
+    check_residual(transformer.residual, seed=seed)
+    assert capsys.readouterr().out.count("all checks passed") == 3
+
+
+def _normalise(x, dim=-1, unbiased=False, eps_inside=True):
+    mean = x.mean(dim, keepdim=True)
+    var = x.var(dim, keepdim=True, unbiased=unbiased)
+    return (x - mean) / (torch.sqrt(var + 1e-5) if eps_inside else torch.sqrt(var) + 1e-5)
+
+
+LAYER_NORM_BUGS = [
+    (lambda x, w, b, eps=1e-5: _normalise(x, unbiased=True) * w + b, "divided by D - 1"),
+    (lambda x, w, b, eps=1e-5: _normalise(x, eps_inside=False) * w + b, "inside the square root"),
+    (lambda x, w, b, eps=1e-5: _normalise(x, dim=-2) * w + b, "over the tokens"),
+    (lambda x, w, b, eps=1e-5: _normalise(x), "are missing"),
+    (lambda x, w, b, eps=1e-5: _normalise(x) * b + w, "swapped"),
+    (lambda x, w, b, eps=1e-5: _normalise(x) + b, "the weight (gamma) is missing"),
+    (lambda x, w, b: _normalise(x) * w + b, "layer_norm raised TypeError"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), LAYER_NORM_BUGS)
+def test_check_layer_norm_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_layer_norm(buggy)
+    assert fragment in str(err.value)
+
+
+def _residual_inplace(x, sublayer, norm, norm_first):
+    x += 0.0
+    x[0, 0, 0] += 1.0
+    return transformer.residual(x, sublayer, norm, norm_first)
+
+
+RESIDUAL_BUGS = [
+    (lambda x, s, n, nf: x + s(n(x)), "this is pre-LN"),
+    (lambda x, s, n, nf: n(x + s(x)), "this is post-LN"),
+    (lambda x, s, n, nf: torch.cat([x, s(x)], dim=-1), "they do not concatenate"),
+    (lambda x, s, n, nf: s(n(x)) if nf else n(s(x)), "the residual connection is missing"),
+    (lambda x, s, n, nf: n(x) + s(n(x)) if nf else n(x + s(x)), "the residual path was normalised too"),
+    (lambda x, s, n, nf: x + n(s(x)) if nf else n(x + s(x)), "applied to the sublayer's output"),
+    (_residual_inplace, "changed x in place"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), RESIDUAL_BUGS)
+def test_check_residual_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_residual(buggy)
+    assert fragment in str(err.value)
+
+
+def test_gradients_fade_without_residuals_and_pre_ln_reaches_the_first_block():
+    pre = transformer.gradient_norms_by_layer(24, norm_first=True)
+    post = transformer.gradient_norms_by_layer(24, norm_first=False)
+    no_residual = transformer.gradient_norms_by_layer(24, norm_first=True, residual_connections=False)
+    assert len(pre) == 24 and all(g > 0 for g in pre + post + no_residual)
+    assert pre[0] > pre[-1]  # pre-LN: the first block gets at least as much as the last
+    assert post[-1] > 1.5 * post[0]  # post-LN: concentrated near the output
+    assert no_residual[-1] > 5 * no_residual[0] and pre[0] > 10 * no_residual[0]
