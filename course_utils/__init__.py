@@ -26,26 +26,118 @@ Modules (by concept):
     execute          re-execute notebooks in place, deterministically.
 """
 
-from course_utils.attention import masked_softmax, scaled_dot_product_attention
+from course_utils.attention import (
+    attention_entropy,
+    masked_softmax,
+    pairwise_scores,
+    scaled_dot_product_attention,
+    scaled_scores,
+    validate_attention_inputs,
+)
+from course_utils.efficiency import (
+    LayerTimes,
+    SelfAttentionLayer,
+    online_softmax_update,
+    peak_memory_mb,
+    tiled_attention,
+    time_call,
+    time_layers,
+)
 from course_utils.masks import causal_mask, padding_mask
-from course_utils.multihead import MultiHeadAttention, merge_heads, multi_head_attention, split_heads
-from course_utils.positional import apply_rotary, sinusoidal_positional_encoding
+from course_utils.multihead import (
+    MultiHeadAttention,
+    NeighbourConfig,
+    NeighbourModel,
+    NeighbourResult,
+    RotaryProjection,
+    ablate_head,
+    attention_cost,
+    head_offset_profile,
+    make_neighbour_batch,
+    merge_heads,
+    multi_head_attention,
+    neighbour_accuracy,
+    neighbour_test_set,
+    split_heads,
+    train_neighbour_model,
+)
+from course_utils.positional import (
+    POSITION_KINDS,
+    OrderModel,
+    OrderResult,
+    ReversalConfig,
+    apply_rotary,
+    frequencies,
+    make_reversal_batch,
+    shift_matrix,
+    sinusoidal_positional_encoding,
+    train_order_model,
+    validate_positions,
+)
 from course_utils.reproducibility import setup
-from course_utils.transformer import TransformerDecoderBlock, TransformerEncoderBlock
+from course_utils.transformer import (
+    FeedForward,
+    LayerNorm,
+    TransformerDecoderBlock,
+    TransformerEncoderBlock,
+    TransformerSeq2Seq,
+    gradient_norms_by_layer,
+    layer_norm,
+    residual,
+)
 
+# The attention modules' public names, importable from the package itself
+# (tests/test_multihead_positional.py keeps this list complete).
 __all__ = [
+    "FeedForward",
+    "LayerNorm",
+    "LayerTimes",
     "MultiHeadAttention",
+    "NeighbourConfig",
+    "NeighbourModel",
+    "NeighbourResult",
+    "OrderModel",
+    "OrderResult",
+    "POSITION_KINDS",
+    "ReversalConfig",
+    "RotaryProjection",
+    "SelfAttentionLayer",
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
+    "TransformerSeq2Seq",
+    "ablate_head",
     "apply_rotary",
+    "attention_cost",
+    "attention_entropy",
     "causal_mask",
+    "frequencies",
+    "gradient_norms_by_layer",
+    "head_offset_profile",
+    "layer_norm",
+    "make_neighbour_batch",
+    "make_reversal_batch",
     "masked_softmax",
     "merge_heads",
     "multi_head_attention",
+    "neighbour_accuracy",
+    "neighbour_test_set",
+    "online_softmax_update",
     "padding_mask",
+    "pairwise_scores",
+    "peak_memory_mb",
+    "residual",
     "scaled_dot_product_attention",
+    "scaled_scores",
     "setup",
+    "shift_matrix",
     "sinusoidal_positional_encoding",
     "split_heads",
+    "tiled_attention",
+    "time_call",
+    "time_layers",
+    "train_neighbour_model",
+    "train_order_model",
+    "validate_attention_inputs",
+    "validate_positions",
 ]
 __version__ = "0.1.0"

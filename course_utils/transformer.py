@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -120,6 +121,20 @@ def _copy_feed_forward(ours: FeedForward, layer: nn.Module) -> None:
         mine.bias.data.copy_(theirs.bias.data)
 
 
+def _block_from_torch(cls: type, layer: nn.Module, expected: type) -> Any:
+    """Build ``cls`` with ``layer``'s sizes and copy its self-attention, feed-forward and first two norms."""
+    if not isinstance(layer, expected):
+        raise InputError(f"expected an nn.{expected.__name__}, got {type(layer).__name__}")
+    attn = layer.self_attn
+    ours = cls(attn.embed_dim, attn.num_heads, layer.linear1.out_features, dropout=layer.dropout.p,
+               norm_first=layer.norm_first, activation=_activation_name(layer), eps=layer.norm1.eps)
+    ours.self_attn = MultiHeadAttention.from_torch(attn)
+    _copy_feed_forward(ours.feed_forward, layer)
+    _copy_layer_norm(ours.norm1, layer.norm1)
+    _copy_layer_norm(ours.norm2, layer.norm2)
+    return ours
+
+
 class TransformerEncoderBlock(nn.Module):
     """Self-attention + feed-forward, each with a residual connection and a LayerNorm (notebook 07).
 
@@ -162,16 +177,7 @@ class TransformerEncoderBlock(nn.Module):
     @classmethod
     def from_torch(cls, layer: nn.TransformerEncoderLayer) -> TransformerEncoderBlock:
         """Copy the weights of ``nn.TransformerEncoderLayer(..., batch_first=True)``."""
-        if not isinstance(layer, nn.TransformerEncoderLayer):
-            raise InputError(f"expected an nn.TransformerEncoderLayer, got {type(layer).__name__}")
-        attn = layer.self_attn
-        ours = cls(attn.embed_dim, attn.num_heads, layer.linear1.out_features, dropout=layer.dropout.p,
-                   norm_first=layer.norm_first, activation=_activation_name(layer), eps=layer.norm1.eps)
-        ours.self_attn = MultiHeadAttention.from_torch(attn)
-        _copy_feed_forward(ours.feed_forward, layer)
-        _copy_layer_norm(ours.norm1, layer.norm1)
-        _copy_layer_norm(ours.norm2, layer.norm2)
-        return ours
+        return _block_from_torch(cls, layer, nn.TransformerEncoderLayer)
 
 
 class TransformerDecoderBlock(nn.Module):
@@ -226,16 +232,9 @@ class TransformerDecoderBlock(nn.Module):
     @classmethod
     def from_torch(cls, layer: nn.TransformerDecoderLayer) -> TransformerDecoderBlock:
         """Copy the weights of ``nn.TransformerDecoderLayer(..., batch_first=True)``."""
-        if not isinstance(layer, nn.TransformerDecoderLayer):
-            raise InputError(f"expected an nn.TransformerDecoderLayer, got {type(layer).__name__}")
-        attn = layer.self_attn
-        ours = cls(attn.embed_dim, attn.num_heads, layer.linear1.out_features, dropout=layer.dropout.p,
-                   norm_first=layer.norm_first, activation=_activation_name(layer), eps=layer.norm1.eps)
-        ours.self_attn = MultiHeadAttention.from_torch(attn)
+        ours = _block_from_torch(cls, layer, nn.TransformerDecoderLayer)
         ours.cross_attn = MultiHeadAttention.from_torch(layer.multihead_attn)
-        _copy_feed_forward(ours.feed_forward, layer)
-        for mine, theirs in ((ours.norm1, layer.norm1), (ours.norm2, layer.norm2), (ours.norm3, layer.norm3)):
-            _copy_layer_norm(mine, theirs)
+        _copy_layer_norm(ours.norm3, layer.norm3)
         return ours
 
 

@@ -373,3 +373,17 @@ def test_show_matrix():
     assert len(fig.axes) == 2
     with pytest.raises(ValueError, match="finite 2-D"):
         show_matrix(torch.zeros(2, 2, 2), "a", "b")
+
+
+def test_every_public_name_of_the_attention_modules_imports_from_the_package():
+    import importlib
+    import inspect
+
+    for name in ("attention", "masks", "multihead", "positional", "transformer", "efficiency"):
+        module = importlib.import_module(f"course_utils.{name}")
+        public = [n for n, obj in vars(module).items() if not n.startswith("_")
+                  and ((inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == module.__name__
+                       or n.isupper())]
+        for n in public:
+            assert getattr(course_utils, n, None) is getattr(module, n), f"course_utils.{n} is missing"
+            assert n in course_utils.__all__, f"{n} is missing from course_utils.__all__"
