@@ -8,6 +8,8 @@
 #   make data      regenerate the committed splits in data/ (deterministic)
 #   make release   write the student version (no solutions) to build/release
 #   make grade     autograde SUBMISSIONS=folder (one sub-folder per student)
+#   make site      render the executed notebooks to a static HTML site in build/site (offline)
+#   make slides    turn the notebooks into reveal.js decks in build/slides
 
 PYTHON ?= python3.11
 VENV   := .venv
@@ -24,7 +26,7 @@ NB ?= notebooks
 SUBMISSIONS ?= submissions
 WORKERS ?= 2
 
-.PHONY: setup lab test test-fast execute data release grade clean
+.PHONY: setup lab test test-fast execute data release grade site slides clean
 
 setup: $(STAMP)
 
@@ -64,6 +66,12 @@ release: setup
 
 grade: setup
 	$(BIN)/python -m course_utils.grading autograde $(SUBMISSIONS)
+
+site: setup
+	$(BIN)/python -m course_utils.site --out build/site
+
+slides: setup
+	$(BIN)/python -m course_utils.slides --out build/slides
 
 clean:
 	rm -rf build

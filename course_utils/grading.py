@@ -8,8 +8,10 @@ Usage (through the Makefile)::
 A submissions folder holds one folder per student, each with that student's
 notebooks under their course names (``alice/00_orientation.ipynb``; nbgrader's
 ``alice/00_orientation/00_orientation.ipynb`` works too). Grading works on
-copies in ``build/grading`` (autograded notebooks with feedback stay there), so
-neither the submitted files nor the instructor notebooks are ever modified.
+copies in ``build/grading``, where the autograded notebooks, one HTML feedback
+page per student and notebook (``feedback/``) and ``grades.csv`` (one row per
+student, notebook and exercise) stay; neither the submitted files nor the
+instructor notebooks are ever modified.
 
 A submission is reported as failed, with the reason, and not scored when it is
 not valid notebook JSON, when a graded test cell was deleted or edited, or
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import hashlib
 import io
 import json
@@ -274,7 +277,34 @@ def autograde(
             results.append(Result(student, stem, failed=f"nbgrader could not grade it ({last[0]})"))
         else:
             results.append(Result(student, stem, scores=_scores(course, stem, student, points[stem])))
+            with _quiet():  # the student's copy with a score and a comment under every graded cell
+                api.generate_feedback(stem, student, force=True)
     return sorted(results, key=lambda r: (r.student, r.notebook))
+
+
+def write_grades_csv(results: list[Result], path: Path, notebooks_dir: Path = NOTEBOOKS) -> Path:
+    """Write the grades in long format: one row per student, notebook and exercise.
+
+    Columns: student, notebook, exercise, points, max_points, status. A
+    submission that could not be graded has one row with exercise "-" and
+    status "FAILED: <reason>".
+
+    Returns:
+        ``path``.
+    """
+    known = {nb.stem: nb for nb in course_notebooks(notebooks_dir)}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["student", "notebook", "exercise", "points", "max_points", "status"])
+        for r in results:
+            if r.failed:
+                writer.writerow([r.student, r.notebook, "-", "", "", f"FAILED: {r.failed}"])
+                continue
+            for ex in exercises(known[r.notebook]):
+                writer.writerow([r.student, r.notebook, ex.grade_id, f"{r.scores.get(ex.grade_id, 0.0):g}",
+                                 f"{ex.points:g}", "graded"])
+    return Path(path)
 
 
 def _scores(course: Path, stem: str, student: str, exs: list[Exercise]) -> dict[str, float]:
@@ -334,7 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no notebooks found under {args.submissions}/<student>/", file=sys.stderr)
         return 2
     print(format_table(results))
-    print(f"autograded notebooks with feedback: {BUILD / 'grading' / 'autograded'}")
+    grades = write_grades_csv(results, BUILD / "grading" / "grades.csv")
+    print(f"grades (one row per student, notebook and exercise): {grades}")
+    print(f"feedback for each student (HTML): {BUILD / 'grading' / 'feedback'}")
+    print(f"autograded notebooks: {BUILD / 'grading' / 'autograded'}")
     return 0
 
 

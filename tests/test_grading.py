@@ -10,6 +10,7 @@ and grading never modifies its inputs.
 from __future__ import annotations
 
 import copy
+import csv
 import hashlib
 import re
 import subprocess
@@ -143,6 +144,14 @@ def test_bad_submissions_fail_with_a_reason_and_the_rest_are_graded(released, tm
     assert results[("hangs", stem)].failed == "a cell ran longer than the 10 s limit per cell"
     assert results[("extra", "99_not_in_course")].failed == "99_not_in_course.ipynb is not a course notebook"
     assert all(not r.scores for r in results.values() if r.failed)
+    feedback = tmp_path / "course" / "feedback"
+    assert (feedback / "good" / stem / f"{stem}.html").is_file(), "graded students get HTML feedback"
+    assert not (feedback / "edited").exists(), "no feedback for a submission that failed validation"
+    rows = list(csv.DictReader(grading.write_grades_csv(list(results.values()), tmp_path / "grades.csv").open()))
+    good = [r for r in rows if r["student"] == "good"]
+    assert [r["exercise"] for r in good] == [ex.grade_id for ex in grading.exercises(path)]
+    assert all(r["points"] == r["max_points"] and r["status"] == "graded" for r in good)
+    assert [r["status"] for r in rows if r["student"] == "edited"] == [f"FAILED: test cell '{first_test}' was edited"]
     assert _digest(subs) == before_subs and _digest(ROOT / "notebooks") == before_nbs, "grading modified its inputs"
 
     table = grading.format_table(list(results.values()))

@@ -1,0 +1,61 @@
+"""Keep the per-notebook facts of docs/instructor_guide.md in step with the notebooks.
+
+The block between the BEGIN/END GENERATED markers of the guide is rendered from
+the notebooks themselves (title, learning objectives, graded exercises and their
+points) and from the README's syllabus table (measured CPU minutes).
+``python -m course_utils.guide`` rewrites it; a test fails when it is stale.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+from course_utils.grading import course_notebooks, exercises
+from course_utils.site import syllabus
+
+ROOT = Path(__file__).resolve().parent.parent
+GUIDE = ROOT / "docs" / "instructor_guide.md"
+BEGIN, END = "<!-- BEGIN GENERATED: notebooks -->", "<!-- END GENERATED -->"
+
+
+def _objectives(nb: nbformat.NotebookNode) -> list[str]:
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    section = text.split("## Learning objectives", 1)[1].split("\n## ", 1)[0]
+    return [line[2:].strip() for line in section.splitlines() if line.startswith("* ")]
+
+
+def render(notebooks_dir: Path = ROOT / "notebooks") -> str:
+    """The generated block: one subsection per notebook."""
+    minutes = {e.file: e.minutes for e in syllabus()}
+    parts = []
+    for path in course_notebooks(notebooks_dir):
+        nb = nbformat.read(path, as_version=4)
+        title = nb.cells[0].source.splitlines()[0].lstrip("# ").strip()
+        exs = exercises(path)
+        lines = [f"### {title}", "", f"`notebooks/{path.name}` · measured run time: {minutes.get(path.name, '?')} CPU "
+                 f"minutes · {len(exs)} graded exercise(s), {sum(e.points for e in exs):g} points", "",
+                 "Learning objectives:", ""]
+        lines += [f"* {objective}" for objective in _objectives(nb)]
+        lines += ["", "Graded exercises (nbgrader `grade_id`, points):", ""]
+        lines += [f"* `{e.grade_id}`: {e.points:g}" for e in exs]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def update(guide: Path = GUIDE) -> bool:
+    """Rewrite the generated block; return True if the file changed."""
+    text = guide.read_text(encoding="utf-8")
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+    new = pattern.sub(lambda _: f"{BEGIN}\n\n{render()}\n\n{END}", text)
+    if new != text:
+        guide.write_text(new, encoding="utf-8")
+    return new != text
+
+
+if __name__ == "__main__":
+    print("updated" if update() else "already up to date", GUIDE)
+    sys.exit(0)

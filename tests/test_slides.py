@@ -1,0 +1,49 @@
+"""`make slides`: one reveal.js deck per notebook, with committed slide breaks, local reveal.js and maths."""
+
+from __future__ import annotations
+
+import re
+
+import nbformat
+import pytest
+
+from course_utils import slides
+
+from conftest import NOTEBOOKS
+
+
+def test_notebooks_carry_sensible_slide_metadata():
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        kinds = [c.metadata.get("slideshow", {}).get("slide_type") for c in nb.cells]
+        assert None not in kinds, f"{path.name}: every cell has slideshow metadata (run slides.assign_slide_types)"
+        assert kinds[0] == "slide", f"{path.name}: the title starts the deck"
+        assert 8 <= kinds.count("slide") <= 40, f"{path.name}: {kinds.count('slide')} slides for {len(kinds)} cells"
+        expected = [c.metadata["slideshow"]["slide_type"] for c in slides.assign_slide_types(nb).cells]
+        assert kinds == expected, f"{path.name}: slide metadata differs from the heuristic; re-run assign_slide_types"
+
+
+@pytest.fixture(scope="module")
+def decks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("slides")
+    return out, slides.build_slides(out)
+
+
+def test_one_deck_per_notebook_with_local_assets(decks):
+    out, written = decks
+    assert [d.name for d in written] == [p.stem + ".slides.html" for p in NOTEBOOKS]
+    assert (out / "reveal.js" / "dist" / "reveal.js").is_file() and (out / "require.js").is_file()
+    assert (out / "mathjax" / "MathJax.js").is_file()
+    for deck in written:
+        text = deck.read_text(encoding="utf-8")
+        assert '"reveal.js/dist/reveal.js"' in text and 'src="require.js"' in text
+        assert 'src="mathjax/MathJax.js' in text
+        assert not re.search(r'<(script|link)[^>]+(src|href)="https?://', text), f"{deck.name}: nothing from the network"
+        assert text.count("<section") >= 8, f"{deck.name}: has its slides"
+
+
+def test_a_tampered_download_is_rejected(tmp_path):
+    name, version, _ = slides.REQUIRE
+    (tmp_path / f"{name}-{version}.tgz").write_bytes(b"not the real tarball")
+    with pytest.raises(RuntimeError, match="pinned sha256"):
+        slides.npm_package(name, version, slides.REQUIRE[2], cache=tmp_path)
