@@ -10,6 +10,7 @@
 #   make grade     autograde SUBMISSIONS=folder (one sub-folder per student)
 #   make site      render the executed notebooks to a static HTML site in build/site (offline)
 #   make slides    turn the notebooks into reveal.js decks in build/slides
+#   make browser-test  run notebook 00 in JupyterLab in headless Chromium (needs apt's chromium)
 
 PYTHON ?= python3.11
 VENV   := .venv
@@ -26,7 +27,7 @@ NB ?= notebooks
 SUBMISSIONS ?= submissions
 WORKERS ?= 2
 
-.PHONY: setup lab test test-fast execute data release grade site slides clean
+.PHONY: setup lab test test-fast execute data release grade site slides browser-test clean
 
 setup: $(STAMP)
 
@@ -46,8 +47,11 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_OFFLINE := --LabApp.news_url=None \
 	--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate
 
+# Extra JupyterLab options, e.g. LAB_ARGS="--no-browser --port=8890" (the browser test uses it).
+LAB_ARGS ?=
+
 lab: setup
-	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_OFFLINE) --notebook-dir=. notebooks/00_orientation.ipynb
+	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_OFFLINE) $(LAB_ARGS) --notebook-dir=. notebooks/00_orientation.ipynb
 
 test: setup
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope
@@ -72,6 +76,9 @@ site: setup
 
 slides: setup
 	$(BIN)/python -m course_utils.slides --out build/slides
+
+browser-test: setup
+	$(BIN)/python -m pytest tests/browser_check.py -q
 
 clean:
 	rm -rf build

@@ -50,7 +50,7 @@ def test_readme_quick_start_and_ci_use_the_same_commands():
     commands = re.findall(r"^make \w+$", quick, re.M)
     assert commands == ["make lab", "make test"], commands
     makefile = (ROOT / "Makefile").read_text()
-    for target in ("setup", "lab", "test", "execute", "release", "grade", "site", "slides"):
+    for target in ("setup", "lab", "test", "execute", "release", "grade", "site", "slides", "browser-test"):
         assert re.search(rf"^{target}:", makefile, re.M), f"Makefile has no '{target}' target"
         assert f"make {target}" in readme, f"README does not explain make {target}"
     assert re.search(r"^make test$", (ROOT / ".ci" / "run").read_text(), re.M), ".ci/run must call the README's test command"
