@@ -70,6 +70,20 @@ def _mathjax_source() -> Path:
     return Path(jupyter_server_mathjax.__file__).parent / "static"
 
 
+def render_offline(exporter: HTMLExporter, nb: nbformat.NotebookNode, title: str, out: Path) -> str:
+    """Export ``nb`` with local MathJax (copied into ``out/mathjax`` once) and no script from a CDN.
+
+    Used by the site and by the slides (``SlidesExporter`` is an ``HTMLExporter``).
+    """
+    if not (out / "mathjax").is_dir():
+        shutil.copytree(_mathjax_source(), out / "mathjax")
+    exporter.mathjax_url = MATHJAX_URL
+    exporter.jquery_url = ""  # not used by the pages
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    body = body.replace("<!-- Load mathjax -->", _MATHJAX_FONTS + "<!-- Load mathjax -->", 1)
+    return _EMPTY_SCRIPT.sub("", body)  # template slots left empty on purpose (no CDN)
+
+
 def _navigation(entries: list[Entry], i: int) -> str:
     parts = []
     if i > 0:
@@ -136,11 +150,8 @@ def build_site(out: Path = SITE_DIR, notebooks: Path = NOTEBOOK_DIR) -> list[Pat
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    shutil.copytree(_mathjax_source(), out / "mathjax")
     exporter = HTMLExporter(template_name="lab")
-    exporter.mathjax_url = MATHJAX_URL
-    exporter.require_js_url = ""  # no widgets; nothing to fetch from a CDN
-    exporter.exclude_input_prompt = exporter.exclude_output_prompt = False
+    exporter.require_js_url = ""  # no widgets: nothing to load
     written = [out / "index.html"]
     written[0].write_text(_index_page(entries), encoding="utf-8")
     for i, entry in enumerate(entries):
@@ -151,9 +162,7 @@ def build_site(out: Path = SITE_DIR, notebooks: Path = NOTEBOOK_DIR) -> list[Pat
         navigation = _navigation(entries, i)
         nb.cells.insert(0, new_markdown_cell(navigation))
         nb.cells.append(new_markdown_cell(navigation))
-        body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": entry.title}})
-        body = body.replace("<!-- Load mathjax -->", _MATHJAX_FONTS + "<!-- Load mathjax -->", 1)
-        body = _EMPTY_SCRIPT.sub("", body)  # template slots left empty on purpose (no CDN)
+        body = render_offline(exporter, nb, entry.title, out)
         page = out / entry.page
         page.write_text(body, encoding="utf-8")
         written.append(page)

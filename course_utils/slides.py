@@ -23,7 +23,7 @@ from pathlib import Path
 import nbformat
 from nbconvert import SlidesExporter
 
-from course_utils.site import _EMPTY_SCRIPT, _MATHJAX_FONTS, MATHJAX_URL, NOTEBOOK_DIR, ROOT, _mathjax_source, syllabus
+from course_utils.site import NOTEBOOK_DIR, ROOT, render_offline, syllabus
 
 SLIDES_DIR = ROOT / "build" / "slides"
 CACHE_DIR = ROOT / "build" / "cache"
@@ -102,20 +102,15 @@ def build_slides(out: Path = SLIDES_DIR, notebooks: Path = NOTEBOOK_DIR) -> list
     for part in ("dist", "plugin"):
         shutil.copytree(reveal / part, out / "reveal.js" / part)
     shutil.copy2(npm_package(*REQUIRE) / "require.js", out / "require.js")
-    shutil.copytree(_mathjax_source(), out / "mathjax")
     exporter = SlidesExporter()
     exporter.reveal_url_prefix = "reveal.js"
     exporter.reveal_theme = "simple"
     exporter.reveal_scroll = True  # long code cells scroll instead of overflowing
-    exporter.mathjax_url = MATHJAX_URL
-    exporter.require_js_url = "require.js"  # local copies: nothing is fetched from a CDN
-    exporter.jquery_url = ""
+    exporter.require_js_url = "require.js"  # the local copy: the deck loads reveal.js through require.js
     decks = []
     for entry in syllabus():
         nb = nbformat.read(Path(notebooks) / entry.file, as_version=4)
-        body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": entry.title}})
-        body = body.replace("<!-- Load mathjax -->", _MATHJAX_FONTS + "<!-- Load mathjax -->", 1)
-        body = _EMPTY_SCRIPT.sub("", body)  # template slots left empty on purpose (no CDN)
+        body = render_offline(exporter, nb, entry.title, out)
         deck = out / entry.file.replace(".ipynb", ".slides.html")
         deck.write_text(body, encoding="utf-8")
         decks.append(deck)
