@@ -5,6 +5,8 @@
 #   make lab       set up, then open JupyterLab on the course
 #   make test      set up, then run the whole test suite (what CI runs)
 #   make execute   re-execute notebooks in place (NB=notebooks/00_....ipynb for one)
+#   make bench     time every notebook and training run against the budgets; README table
+#   make test-cpus check that compared outputs hold with MKL on another code path (another CPU)
 #   make data      regenerate the committed splits in data/ (deterministic)
 #   make release   write the student version (no solutions) to build/release
 #   make grade     autograde SUBMISSIONS=folder (one sub-folder per student)
@@ -27,14 +29,16 @@ NB ?= notebooks
 SUBMISSIONS ?= submissions
 WORKERS ?= 2
 
-.PHONY: setup lab test test-fast execute data release grade site slides browser-test clean
+.PHONY: setup lab test test-fast test-cpus execute bench data release grade site slides browser-test clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml course_utils/portable.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required (found %s); set PYTHON=/path/to/python3.11" % sys.version.split()[0]'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e .
+	@# The kernel JupyterLab starts gets the pinned CPU code paths (course_utils/portable.py).
+	$(BIN)/python -m course_utils.portable --install-kernel
 	@mkdir -p $(VENV)/share/jupyter/lab/settings
 	@echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' \
 		> $(VENV)/share/jupyter/lab/settings/overrides.json
@@ -54,13 +58,21 @@ lab: setup
 	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_OFFLINE) $(LAB_ARGS) --notebook-dir=. notebooks/00_orientation.ipynb
 
 test: setup
+	@$(BIN)/python -m course_utils.portable --describe
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope
+
+# A stand-in for another CPU: every notebook under strict nbval with MKL on another code path.
+test-cpus: setup
+	$(BIN)/python -m pytest -n $(WORKERS) tests/cpu_standin_check.py
 
 test-fast: setup
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope -m "not slow" tests
 
 execute: setup
 	$(BIN)/python -m course_utils.execute $(NB)
+
+bench: setup
+	$(BIN)/python -m course_utils.bench $(NB)
 
 data: setup
 	$(BIN)/python -c "from course_utils.training import write_splits; [print(p) for p in write_splits()]"

@@ -26,6 +26,11 @@ Modules (by concept):
     execute          re-execute notebooks in place, deterministically.
 """
 
+# Before any submodule computes with torch: the pinned code paths (see course_utils.portable).
+from course_utils.portable import pin_environment as _pin_environment
+
+_pin_environment()
+
 from course_utils.attention import (
     attention_entropy,
     masked_softmax,
@@ -74,7 +79,7 @@ from course_utils.positional import (
     train_order_model,
     validate_positions,
 )
-from course_utils.reproducibility import setup
+from course_utils.reproducibility import error_bound, setup
 from course_utils.transformer import (
     FeedForward,
     LayerNorm,
@@ -128,6 +133,7 @@ __all__ = [
     "residual",
     "scaled_dot_product_attention",
     "scaled_scores",
+    "error_bound",
     "setup",
     "shift_matrix",
     "sinusoidal_positional_encoding",

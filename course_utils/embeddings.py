@@ -7,6 +7,7 @@ run (the order of updates does not depend on thread scheduling).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from gensim.test.utils import datapath
 from gensim.utils import simple_preprocess
 
 from course_utils.errors import InputError
+from course_utils.benchlog import record_training
 
 # About 58,000 words of Australian news (ABC, 2001), 300 documents, one per line.
 LEE_CORPUS = "lee_background.cor"
@@ -63,8 +65,10 @@ def train_word2vec(sentences: Sequence[Sequence[str]], config: Word2VecConfig = 
     Returns:
         The trained ``KeyedVectors`` (vectors of shape (V, D), float32).
     """
+    start = time.perf_counter()
     model = Word2Vec(sentences, vector_size=config.vector_size, window=config.window, min_count=config.min_count,
                      epochs=config.epochs, seed=config.seed, workers=1)
+    record_training(f"Word2Vec, D = {config.vector_size}, {config.epochs} epochs", time.perf_counter() - start)
     return model.wv
 
 

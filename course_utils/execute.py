@@ -8,8 +8,9 @@ Usage (through the Makefile)::
 Each notebook runs top to bottom in a fresh kernel with the same environment
 the tests use (``PYTHONHASHSEED=0``, ``IPYKERNEL_CELL_NAME``, no
 ``MPLBACKEND``); the notebook itself calls ``course_utils.setup()`` for seeds,
-threads and figure style. The measured minutes are written into the
-syllabus table of README.md.
+threads and figure style, and the kernel runs with the pinned CPU code paths
+of ``course_utils.portable``. Timing against the budgets, and the README's
+syllabus table, are ``make bench``'s job (``course_utils.bench``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from course_utils.portable import pin_environment
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 
@@ -32,17 +35,23 @@ KERNEL_ENV = {"PYTHONHASHSEED": "0", "IPYKERNEL_CELL_NAME": "<IPY-INPUT>"}
 
 
 def kernel_environment() -> None:
-    """Put the shared kernel settings into this process's environment (kernels inherit it)."""
+    """Put the shared kernel settings into this process's environment (kernels inherit it).
+
+    Besides ``KERNEL_ENV``, these are the pinned code paths of ``course_utils.portable``
+    that make outputs the same on every x86-64 machine with AVX2.
+    """
     os.environ.update(KERNEL_ENV)
+    pin_environment()
     os.environ.pop("MPLBACKEND", None)  # the inline backend must produce the figures nbval compares
 
 
-def execute_notebook(path: Path, timeout: int = 600) -> float:
-    """Execute one notebook in place in a fresh kernel.
+def execute_notebook(path: Path, timeout: int = 600, write: bool = True) -> float:
+    """Execute one notebook in a fresh kernel, in place unless ``write`` is False.
 
     Args:
         path: The .ipynb file.
         timeout: Seconds allowed per cell.
+        write: Write the executed notebook back to ``path`` (``make bench`` does not).
 
     Returns:
         Wall-clock seconds the execution took (kernel start included).
@@ -64,7 +73,8 @@ def execute_notebook(path: Path, timeout: int = 600) -> float:
     client.execute()
     seconds = time.perf_counter() - start
     nb.metadata.pop("widgets", None)
-    nbformat.write(nb, path)
+    if write:
+        nbformat.write(nb, path)
     return seconds
 
 
@@ -95,12 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     if not notebooks:
         print(f"no notebooks found in {args.paths}", file=sys.stderr)
         return 1
-    minutes = {}
     for path in notebooks:
         seconds = execute_notebook(path, timeout=args.timeout)
-        minutes[path.name] = seconds / 60
         print(f"{path.name}: {seconds:.1f} s")
-    update_readme_minutes(minutes)
+    print("(times against the course's budgets, and the README's syllabus table: make bench)")
     return 0
 
 

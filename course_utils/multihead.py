@@ -24,6 +24,7 @@ from torch import nn
 from course_utils.attention import scaled_dot_product_attention
 from course_utils.errors import InputError
 from course_utils.positional import apply_rotary
+from course_utils.benchlog import record_training
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -338,6 +339,7 @@ def train_neighbour_model(config: NeighbourConfig = NeighbourConfig(), seed: int
         optimizer.step()
         losses.append(loss.item())
     seconds = time.perf_counter() - start
+    record_training(f"neighbour model, H = {config.num_heads}, seed {seed}", seconds)
     return NeighbourResult(losses=losses, accuracy=neighbour_accuracy(model, config, seed), seconds=seconds, model=model)
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from course_utils.errors import InputError
+from course_utils.benchlog import record_training
 
 
 def validate_positions(T: int, D: int) -> None:
@@ -234,6 +235,7 @@ def train_order_model(config: ReversalConfig = ReversalConfig(), positions: str 
         schedule.step()
         losses.append(loss.item())
     seconds = time.perf_counter() - start
+    record_training(f"order model, {positions} positions, seed {seed}", seconds)
     model.eval()
     with torch.no_grad():
         accuracy = (model(x_test).argmax(dim=-1) == y_test).float().mean().item()

@@ -2,18 +2,24 @@
 
 It fixes everything that would make two runs of a notebook print different
 things: random seeds, the number of CPU threads, print options and the
-figure style.
+figure style. It also says so when the kernel lacks the pinned CPU code paths
+of ``course_utils.portable``, without which the last digits can differ from
+the committed outputs.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
+import sys
 from pathlib import Path
 
 import matplotlib
 import numpy as np
 import torch
+
+from course_utils import portable
 
 MATPLOTLIBRC = Path(__file__).with_name("matplotlibrc")
 
@@ -47,6 +53,29 @@ def setup(seed: int = 0, threads: int = 1, precision: int = 4) -> None:
     _inline_figures()
     _short_check_errors()
     matplotlib.rc_file(MATPLOTLIBRC)  # after the inline backend, which sets its own defaults
+    if not portable.pinned():
+        print(UNPINNED_NOTE, file=sys.stderr)
+
+
+def error_bound(error: float) -> str:
+    """A float error as the power of ten it stays below: ``4.3e-07`` prints as ``< 1e-06``, zero as ``0``.
+
+    The bound is what a parity check means ("equal to float precision"); the
+    digits of the error itself are noise that differs between code paths.
+    """
+    error = float(error)
+    if error != error or error < 0:
+        raise ValueError(f"error_bound expects an error >= 0, got {error!r}")
+    if error == 0:
+        return "0"
+    exponent = math.floor(math.log10(error)) + 1
+    return f"< 1e{exponent:+03d}"
+
+
+UNPINNED_NOTE = (
+    "Note: this kernel does not run with the course's pinned CPU settings (course_utils.portable), "
+    "so trained models and printed floats may differ in their last digits from the committed notebook. "
+    "On x86-64 Linux, `make lab` starts a kernel that has them; elsewhere the asserts still hold.")
 
 
 def _short_check_errors() -> None:

@@ -11,6 +11,7 @@ settings.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ import torch
 
 from course_utils.attention import attention_entropy, scaled_dot_product_attention
 from course_utils.training import training_steps
+from course_utils.benchlog import record_training
 
 
 def score_variance(d_ks: Sequence[int], n_pairs: int = 20_000, seed: int = 0) -> dict[int, float]:
@@ -197,6 +199,7 @@ def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, see
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     generator = torch.Generator().manual_seed(seed)
     losses = []
+    start = time.perf_counter()
     for _ in range(training_steps(config)):
         keys, values, query, target = make_recall_batch(config, config.batch_size, generator)
         loss = torch.nn.functional.cross_entropy(model(keys, values, query), target)
@@ -204,6 +207,8 @@ def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, see
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+    record_training(f"recall model, d_k = {config.d_k}, {'scaled' if scaled else 'unscaled'}, seed {seed}",
+                    time.perf_counter() - start)
     with torch.no_grad():
         accuracy = (model(*test[:3]).argmax(dim=-1) == test[3]).float().mean().item()
     return RecallResult(losses=losses, accuracy=accuracy, initial_max_weight=initial_max_weight,

@@ -40,6 +40,7 @@ from course_utils.data import (
     save_pairs,
 )
 from course_utils.seq2seq import DecoderKind, Seq2Seq, Seq2SeqConfig, build_seq2seq, sequence_loss
+from course_utils.benchlog import record_training
 
 if TYPE_CHECKING:  # only for the type of training_steps' argument
     from course_utils.multihead import NeighbourConfig
@@ -151,6 +152,7 @@ def train(model: Seq2Seq, data: Batch, config: Seq2SeqConfig, progress: bool = F
                 print(f"step {step + 1:5d}  loss {sum(recent) / len(recent):.3f}")
         seconds = time.perf_counter() - start
     model.eval()
+    record_training(f"{type(model).__name__}, {config.task}, {steps} steps", seconds)
     return TrainResult(losses=tuple(losses), seconds=seconds, steps=steps)
 
 

@@ -1,0 +1,145 @@
+"""``make bench``: time every notebook and every training run, and hold them to the course's budgets.
+
+Time is never asserted inside a notebook: on a slow laptop, a shared Binder
+core or a lecture machine that is also driving a projector, Run All must not
+stop on a stopwatch. The budgets live here instead, measured on the course's
+2-core reference machine:
+
+* each notebook runs top to bottom in under ``NOTEBOOK_BUDGET`` seconds, and
+  under the runtime its first cell states (``*Runtime:* under N CPU minutes``);
+* the whole series runs in under ``SERIES_BUDGET`` seconds;
+* each training run (every call of a training function in ``course_utils``,
+  which reports itself through ``course_utils.benchlog``) takes under
+  ``TRAINING_BUDGET`` seconds.
+
+Each notebook is executed in a fresh kernel with the same settings as
+``make execute`` and ``make test``, in memory: the committed notebooks are not
+touched. The measured minutes go into the README's syllabus table. The
+command exits with status 1 when any budget is exceeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from course_utils.benchlog import BENCH_LOG_ENV
+from course_utils.execute import README, ROOT, execute_notebook, update_readme_minutes
+
+NOTEBOOK_BUDGET = 90.0  # seconds per notebook, kernel start included
+SERIES_BUDGET = 300.0  # seconds for all notebooks
+TRAINING_BUDGET = 60.0  # seconds per training run
+
+RUNTIME_LINE = re.compile(r"\*Runtime:\*\s*under\s+(\d+(?:\.\d+)?)\s+CPU minutes?")
+
+
+@dataclass
+class NotebookTiming:
+    """What ``make bench`` measured for one notebook."""
+
+    name: str
+    seconds: float
+    stated_seconds: float | None  # from the notebook's "*Runtime:* under N CPU minutes" line
+    runs: list[tuple[str, float]] = field(default_factory=list)  # (label, seconds) per training run
+
+    @property
+    def budget(self) -> float:
+        return min(NOTEBOOK_BUDGET, self.stated_seconds or NOTEBOOK_BUDGET)
+
+
+def stated_runtime(path: Path) -> float | None:
+    """Seconds promised by the notebook's first cell (``*Runtime:* under N CPU minutes``), or None."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    first = "".join(nb["cells"][0]["source"]) if nb["cells"] else ""
+    match = RUNTIME_LINE.search(first)
+    return 60 * float(match.group(1)) if match else None
+
+
+def time_notebook(path: Path, timeout: int = 600) -> NotebookTiming:
+    """Execute ``path`` in memory and collect its wall time and the time of each training run in it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "runs.jsonl"
+        log.touch()
+        previous = os.environ.get(BENCH_LOG_ENV)
+        os.environ[BENCH_LOG_ENV] = str(log)  # the kernel inherits it
+        try:
+            seconds = execute_notebook(path, timeout=timeout, write=False)
+        finally:
+            if previous is None:
+                os.environ.pop(BENCH_LOG_ENV, None)
+            else:
+                os.environ[BENCH_LOG_ENV] = previous
+        runs = [(r["label"], r["seconds"]) for r in map(json.loads, log.read_text(encoding="utf-8").splitlines())]
+    return NotebookTiming(path.name, seconds, stated_runtime(path), runs)
+
+
+def budget_failures(timings: list[NotebookTiming]) -> list[str]:
+    """One message per exceeded budget (empty when all hold)."""
+    failures = []
+    for t in timings:
+        if t.stated_seconds is None:
+            failures.append(f"{t.name}: its first cell states no '*Runtime:* under N CPU minutes'")
+        if t.seconds > t.budget:
+            failures.append(f"{t.name}: {t.seconds:.1f} s, over its budget of {t.budget:.0f} s")
+        for label, seconds in t.runs:
+            if seconds > TRAINING_BUDGET:
+                failures.append(f"{t.name}: training run '{label}' took {seconds:.1f} s, over {TRAINING_BUDGET:.0f} s")
+    total = sum(t.seconds for t in timings)
+    if total > SERIES_BUDGET:
+        failures.append(f"the series: {total:.1f} s, over its budget of {SERIES_BUDGET:.0f} s")
+    return failures
+
+
+def report(timings: list[NotebookTiming]) -> str:
+    """The table ``make bench`` prints: each notebook, its training runs, the series, against the budgets."""
+    lines = [f"{'notebook':<40} {'seconds':>8} {'budget':>7}"]
+    for t in timings:
+        mark = "" if t.seconds <= t.budget else "  OVER"
+        lines.append(f"{t.name:<40} {t.seconds:8.1f} {t.budget:7.0f}{mark}")
+        for label, seconds in t.runs:
+            mark = "" if seconds <= TRAINING_BUDGET else "  OVER"
+            lines.append(f"  training: {label:<29} {seconds:8.1f} {TRAINING_BUDGET:7.0f}{mark}")
+    total = sum(t.seconds for t in timings)
+    mark = "" if total <= SERIES_BUDGET else "  OVER"
+    lines.append(f"{'the series':<40} {total:8.1f} {SERIES_BUDGET:7.0f}{mark}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="*", default=[str(ROOT / "notebooks")], help="notebooks or folders")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
+    parser.add_argument("--no-readme", action="store_true", help="do not write the minutes into README.md")
+    args = parser.parse_args(argv)
+    notebooks: list[Path] = []
+    for p in map(Path, args.paths):
+        notebooks += sorted(p.glob("[0-9][0-9]_*.ipynb")) if p.is_dir() else [p]
+    if not notebooks:
+        print(f"no notebooks found in {args.paths}", file=sys.stderr)
+        return 1
+    timings = []
+    start = time.perf_counter()
+    for path in notebooks:
+        timings.append(time_notebook(path, timeout=args.timeout))
+        print(f"{path.name}: {timings[-1].seconds:.1f} s", flush=True)
+    print(f"\nmeasured in {time.perf_counter() - start:.0f} s; budgets in seconds "
+          f"(notebook: the smaller of {NOTEBOOK_BUDGET:.0f} and its stated runtime)\n")
+    print(report(timings))
+    if not args.no_readme:
+        update_readme_minutes({t.name: t.seconds / 60 for t in timings}, README)
+        print(f"\nwrote the minutes into {README.relative_to(ROOT)}")
+    failures = budget_failures(timings)
+    for message in failures:
+        print(f"BUDGET EXCEEDED: {message}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
