@@ -133,7 +133,7 @@ def _public_functions() -> dict[str, object]:
     """Public functions and classes of course_utils by name; a name defined twice is an error."""
     found: dict[str, object] = {}
     for info in pkgutil.iter_modules(course_utils.__path__):
-        if info.name.startswith("_") or info.name in {"execute", "grading", "site", "slides", "guide"}:  # command-line tools
+        if info.name.startswith("_") or info.name in {"execute", "grading", "site", "slides", "guide", "bench", "portable"}:  # tools
             continue
         module = importlib.import_module(f"course_utils.{info.name}")
         for name, obj in vars(module).items():
