@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml course_utils/portable.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e .
 	@# The kernel JupyterLab starts gets the pinned CPU code paths (course_utils/portable.py).
-	$(BIN)/python -m course_utils.portable --install-kernel
+	$(BIN)/python -c "from course_utils.portable import main; main(['--install-kernel'])"
 	@mkdir -p $(VENV)/share/jupyter/lab/settings
 	@echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' \
 		> $(VENV)/share/jupyter/lab/settings/overrides.json
@@ -58,7 +58,7 @@ lab: setup
 	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_OFFLINE) $(LAB_ARGS) --notebook-dir=. notebooks/00_orientation.ipynb
 
 test: setup
-	@$(BIN)/python -m course_utils.portable --describe
+	@$(BIN)/python -c "from course_utils.portable import main; main(['--describe'])"
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope
 
 # A stand-in for another CPU: every notebook under strict nbval with MKL on another code path.
