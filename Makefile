@@ -33,12 +33,12 @@ WORKERS ?= 2
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml course_utils/portable.py
+$(STAMP): pyproject.toml course_utils/core/portable.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required (found %s); set PYTHON=/path/to/python3.11" % sys.version.split()[0]'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e .
-	@# The kernel JupyterLab starts gets the pinned CPU code paths (course_utils/portable.py).
-	$(BIN)/python -c "from course_utils.portable import main; main(['--install-kernel'])"
+	@# The kernel JupyterLab starts gets the pinned CPU code paths (course_utils/core/portable.py).
+	$(BIN)/python -c "from course_utils.core.portable import main; main(['--install-kernel'])"
 	@mkdir -p $(VENV)/share/jupyter/lab/settings
 	@echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' \
 		> $(VENV)/share/jupyter/lab/settings/overrides.json
@@ -58,7 +58,7 @@ lab: setup
 	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_OFFLINE) $(LAB_ARGS) --notebook-dir=. notebooks/00_orientation.ipynb
 
 test: setup
-	@$(BIN)/python -c "from course_utils.portable import main; main(['--describe'])"
+	@$(BIN)/python -c "from course_utils.core.portable import main; main(['--describe'])"
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope
 
 # A stand-in for another CPU: every notebook under strict nbval with MKL on another code path.
@@ -69,25 +69,25 @@ test-fast: setup
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope -m "not slow" tests
 
 execute: setup
-	$(BIN)/python -m course_utils.execute $(NB)
+	$(BIN)/python -m course_utils.tooling.execute $(NB)
 
 bench: setup
-	$(BIN)/python -m course_utils.bench $(NB)
+	$(BIN)/python -m course_utils.tooling.bench $(NB)
 
 data: setup
-	$(BIN)/python -c "from course_utils.training import write_splits; [print(p) for p in write_splits()]"
+	$(BIN)/python -c "from course_utils.experiments.training import write_splits; [print(p) for p in write_splits()]"
 
 release: setup
-	$(BIN)/python -m course_utils.grading release --out build/release
+	$(BIN)/python -m course_utils.tooling.grading release --out build/release
 
 grade: setup
-	$(BIN)/python -m course_utils.grading autograde $(SUBMISSIONS)
+	$(BIN)/python -m course_utils.tooling.grading autograde $(SUBMISSIONS)
 
 site: setup
-	$(BIN)/python -m course_utils.site --out build/site
+	$(BIN)/python -m course_utils.tooling.site --out build/site
 
 slides: setup
-	$(BIN)/python -m course_utils.slides --out build/slides
+	$(BIN)/python -m course_utils.tooling.slides --out build/slides
 
 browser-test: setup
 	$(BIN)/python -m pytest tests/browser_check.py -q

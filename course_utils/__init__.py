@@ -1,37 +1,36 @@
-"""Reference code for the attention course.
+"""Reference code for the attention course, in four layers.
 
 Every notebook starts with ``from course_utils import setup; setup()``. Each
-concept is written from scratch in the notebook that teaches it and lives here
-once, so later notebooks import it instead of pasting it.
+concept is written in the notebook that teaches it and lives here once, so
+later notebooks import it instead of pasting it. A layer imports only from
+the layers below it (import-linter checks this in the test suite):
 
-Modules (by concept):
-    reproducibility  ``setup()``: seeds, threads, print options, figure style.
-    checks           tolerant comparisons and exercise checkers with messages
-                     that name the likely bug.
-    errors           CheckError (a failed exercise check), InputError (bad input).
-    masks            boolean masks (True = may attend): padding (00), causal (03).
-    attention        pairwise scores, masked softmax (00); scaled dot-product
-                     attention (03); entropy and per-head scaled scores (04).
-    embeddings       Word2Vec on a corpus shipped with gensim, sentence matrices (03).
-    multihead        splitting into heads, MultiHeadAttention with from_torch (05).
-    positional       sinusoidal, learned and rotary position information (06).
-    transformer      LayerNorm, residual blocks, encoder/decoder blocks, a small transformer (07).
-    efficiency       time and memory at scale, tiled attention with an online softmax (08).
-    scaling          the measurements behind the 1/sqrt(Dk) scale (04).
-    data             the reversal and dates tasks, vocabularies, batching (01, 02).
-    seq2seq          GRU encoder, plain and attention decoders, score functions (01, 02).
-    training         training loop, exact match, the one-call length experiment (01, 02).
-    plotting         figures (attention heatmaps, accuracy curves); each returns a Figure.
-    grading          nbgrader release / autograde wrappers.
-    execute          re-execute notebooks in place, deterministically.
+    tooling       the course's own tools: execute, bench, release and grading,
+                  site, slides, instructor guide. Notebooks never import it.
+    checks        exercise checkers, one module per notebook, over ``checks.core``
+                  (tolerant comparisons, messages that name the likely bug).
+    experiments   what the notebooks measure: ``loop`` (the one training loop)
+                  and ``data`` and ``plotting`` at the bottom; above them one
+                  module per experiment (``training`` 01-02 and 07, ``embeddings``
+                  03, ``scaling`` 04, ``neighbours`` 05, ``order`` 06,
+                  ``deep_stacks`` 07, ``efficiency`` 08).
+    blocks        the models: ``masks``, ``attention`` (00, 03, 04),
+                  ``scorers`` and ``seq2seq`` (01, 02), ``positional`` (06),
+                  ``multihead`` (05), ``transformer`` (07).
+    core          ``errors``, ``portable`` (pinned CPU code paths),
+                  ``reproducibility`` (``setup``, ``error_bound``).
+
+The names the notebooks use most are importable from the package itself.
 """
 
-# Before any submodule computes with torch: the pinned code paths (see course_utils.portable).
-from course_utils.portable import pin_environment as _pin_environment
+# Before any submodule computes with torch: the pinned code paths (see course_utils.core.portable).
+from course_utils.core.portable import pin_environment as _pin_environment
 
 _pin_environment()
 
-from course_utils.attention import (
+from course_utils.core.errors import CheckError, InputError
+from course_utils.core.reproducibility import error_bound, setup
+from course_utils.blocks.attention import (
     attention_entropy,
     masked_softmax,
     pairwise_scores,
@@ -39,61 +38,68 @@ from course_utils.attention import (
     scaled_scores,
     validate_attention_inputs,
 )
-from course_utils.efficiency import (
-    LayerTimes,
-    SelfAttentionLayer,
-    online_softmax_update,
-    peak_memory_mb,
-    tiled_attention,
-    time_call,
-    time_layers,
-)
-from course_utils.masks import causal_mask, padding_mask
-from course_utils.multihead import (
+from course_utils.blocks.masks import causal_mask, padding_mask
+from course_utils.blocks.multihead import (
     MultiHeadAttention,
-    NeighbourConfig,
-    NeighbourModel,
-    NeighbourResult,
     RotaryProjection,
     ablate_head,
     attention_cost,
-    head_offset_profile,
-    make_neighbour_batch,
     merge_heads,
     multi_head_attention,
-    neighbour_accuracy,
-    neighbour_test_set,
     split_heads,
-    train_neighbour_model,
 )
-from course_utils.positional import (
-    POSITION_KINDS,
-    OrderModel,
-    OrderResult,
-    ReversalConfig,
+from course_utils.blocks.positional import (
     apply_rotary,
     frequencies,
-    make_reversal_batch,
     shift_matrix,
     sinusoidal_positional_encoding,
-    train_order_model,
     validate_positions,
 )
-from course_utils.reproducibility import error_bound, setup
-from course_utils.transformer import (
+from course_utils.blocks.transformer import (
     FeedForward,
     LayerNorm,
     TransformerDecoderBlock,
     TransformerEncoderBlock,
     TransformerSeq2Seq,
-    gradient_norms_by_layer,
     layer_norm,
     residual,
 )
+from course_utils.experiments.deep_stacks import gradient_norms_by_layer
+from course_utils.experiments.efficiency import (
+    LayerTimes,
+    SelfAttentionLayer,
+    online_softmax_update,
+    peak_memory_curve,
+    peak_memory_mb,
+    tiled_attention,
+    time_call,
+    time_layers,
+)
+from course_utils.experiments.neighbours import (
+    NeighbourConfig,
+    NeighbourModel,
+    NeighbourResult,
+    head_offset_profile,
+    make_neighbour_batch,
+    neighbour_accuracy,
+    neighbour_test_set,
+    train_neighbour_model,
+)
+from course_utils.experiments.order import (
+    POSITION_KINDS,
+    OrderModel,
+    OrderResult,
+    ReversalConfig,
+    make_reversal_batch,
+    train_order_model,
+)
 
-# The attention modules' public names, importable from the package itself
+# The building blocks' and experiments' public names, importable from the package itself
 # (tests/test_multihead_positional.py keeps this list complete).
 __all__ = [
+    "CheckError",
+    "InputError",
+    "error_bound",
     "FeedForward",
     "LayerNorm",
     "LayerTimes",
@@ -129,11 +135,11 @@ __all__ = [
     "online_softmax_update",
     "padding_mask",
     "pairwise_scores",
+    "peak_memory_curve",
     "peak_memory_mb",
     "residual",
     "scaled_dot_product_attention",
     "scaled_scores",
-    "error_bound",
     "setup",
     "shift_matrix",
     "sinusoidal_positional_encoding",

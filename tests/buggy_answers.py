@@ -95,8 +95,8 @@ BUGGY = {
         # the output projection is missing
         "multi_head_attention": (
             "def multi_head_attention(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads, mask=None):\n"
-            "    from course_utils.attention import scaled_dot_product_attention\n"
-            "    from course_utils.multihead import merge_heads, split_heads\n"
+            "    from course_utils.blocks.attention import scaled_dot_product_attention\n"
+            "    from course_utils.blocks.multihead import merge_heads, split_heads\n"
             "    q, k, v = (split_heads(p(t), num_heads) for p, t in ((q_proj, query), (k_proj, key), (v_proj, value)))\n"
             "    context, weights = scaled_dot_product_attention(q, k, v, mask)\n"
             "    return merge_heads(context), weights\n"
@@ -114,7 +114,7 @@ BUGGY = {
         # rotates by minus the angle
         "apply_rotary": (
             "def apply_rotary(x, positions=None):\n"
-            "    from course_utils.positional import apply_rotary as reference\n"
+            "    from course_utils.blocks.positional import apply_rotary as reference\n"
             "    T = x.shape[-2]\n"
             "    positions = torch.arange(T) if positions is None else positions\n"
             "    return reference(x, -positions)\n"

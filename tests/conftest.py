@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.execute import kernel_environment
-from course_utils.portable import describe_platform, platform_matches
+from course_utils.tooling.execute import kernel_environment
+from course_utils.core.portable import describe_platform, platform_matches
 
 kernel_environment()
 

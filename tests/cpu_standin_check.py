@@ -1,7 +1,7 @@
 """A stand-in for another CPU, on one machine: ``make test-cpus`` (CI runs it after ``make test``).
 
 The committed outputs must reproduce on every x86-64 Linux machine with AVX2,
-Intel or AMD. ``course_utils/portable.py`` pins every library's code path
+Intel or AMD. ``course_utils/core/portable.py`` pins every library's code path
 that can be pinned. One cannot be pinned without a large slowdown: MKL picks
 its own code by CPU vendor and generation (exp, log, some matrix products).
 So another CPU is, to these notebooks, this machine with MKL on another code
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.portable import OTHER_MKL_PATH, PINNED_ENV, platform_matches
+from course_utils.core.portable import OTHER_MKL_PATH, PINNED_ENV, platform_matches
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

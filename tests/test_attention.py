@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_utils import attention, masks
+from course_utils.blocks import attention, masks
 
 SHAPES = [(1, 1, 1, 1), (2, 4, 6, 3), (3, 5, 2, 7), (4, 8, 8, 16)]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils import attention, masks
+from course_utils.blocks import attention, masks
 from course_utils.checks import (
     CheckError,
     call,
@@ -229,7 +229,8 @@ def test_a_failed_check_in_a_notebook_shows_only_its_message():
 
 # --- notebooks 01 and 02 ------------------------------------------------------
 
-from course_utils import seq2seq, training  # noqa: E402
+from course_utils.blocks import scorers, seq2seq  # noqa: E402
+from course_utils.experiments import training  # noqa: E402
 from course_utils.checks import (  # noqa: E402
     check_additive_scores,
     check_attend,
@@ -243,11 +244,11 @@ from course_utils.checks import (  # noqa: E402
 def test_seq2seq_checkers_accept_the_reference(seed, capsys):
     check_final_states(seq2seq.final_states, seed=seed)
     check_sequence_exact_match(training.sequence_exact_match, seed=seed)
-    check_additive_scores(seq2seq.additive_scores, seed=seed)
-    check_additive_scores(seq2seq.additive_scores, seed=seed, B=4, S=4)
-    check_attend(seq2seq.attend, seed=seed)
-    check_bilinear_scores(seq2seq.bilinear_scores, seed=seed)
-    check_bilinear_scores(seq2seq.bilinear_scores, seed=seed, Dq=4, Dk=4)
+    check_additive_scores(scorers.additive_scores, seed=seed)
+    check_additive_scores(scorers.additive_scores, seed=seed, B=4, S=4)
+    check_attend(scorers.attend, seed=seed)
+    check_bilinear_scores(scorers.bilinear_scores, seed=seed)
+    check_bilinear_scores(scorers.bilinear_scores, seed=seed, Dq=4, Dk=4)
     assert capsys.readouterr().out.count("all checks passed") == 7
 
 
@@ -317,23 +318,23 @@ def _attend_no_mask(scores, values, mask):
 
 
 def _attend_swapped(scores, values, mask):
-    context, weights = seq2seq.attend(scores, values, mask)
+    context, weights = scorers.attend(scores, values, mask)
     return weights, context
 
 
 def _attend_unsummed(scores, values, mask):
-    _, weights = seq2seq.attend(scores, values, mask)
+    _, weights = scorers.attend(scores, values, mask)
     return weights[:, :, None] * values, weights
 
 
 ATTEND_BUGS = [
     (_attend_wrong_dim, "ran over the batch"),
     (_attend_no_mask, "padding was not masked"),
-    (lambda s, v, m: seq2seq.attend(s, v, ~m), "the mask is inverted"),
+    (lambda s, v, m: scorers.attend(s, v, ~m), "the mask is inverted"),
     (_attend_swapped, "wrong order"),
     (_attend_unsummed, "not yet summed over the source positions"),
-    (lambda s, v, m: (v.mean(1), seq2seq.attend(s, v, m)[1]), "averages the values uniformly"),
-    (lambda s, v, m: seq2seq.attend(s, v, m)[0], "to return a tuple (context, weights)"),
+    (lambda s, v, m: (v.mean(1), scorers.attend(s, v, m)[1]), "averages the values uniformly"),
+    (lambda s, v, m: scorers.attend(s, v, m)[0], "to return a tuple (context, weights)"),
 ]
 
 
@@ -345,7 +346,7 @@ def test_check_attend_names_the_bug(buggy, fragment):
 
 
 BILINEAR_BUGS = [
-    (lambda q, k, W: seq2seq.bilinear_scores(q, k, W.T), {"Dq": 4, "Dk": 4}, "W is transposed"),
+    (lambda q, k, W: scorers.bilinear_scores(q, k, W.T), {"Dq": 4, "Dk": 4}, "W is transposed"),
     (lambda q, k, W: (k @ q[:, :, None])[:, :, 0], {"Dq": 4, "Dk": 4}, "W was left out"),
     (lambda q, k, W: k @ (q @ W)[:, :, None], {}, "drop the trailing size-1 axis"),
     (lambda q, k, W: (q @ W) @ k.transpose(-2, -1), {}, "every query was scored against every sequence"),

@@ -1,4 +1,4 @@
-"""Tests for course_utils.data: vocabularies, generators, files and batching."""
+"""Tests for course_utils.experiments.data: vocabularies, generators, files and batching."""
 
 import datetime as dt
 import re
@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from course_utils.data import (
+from course_utils.experiments.data import (
     DATE_FORMAT_EXAMPLES,
     MONTHS,
     Vocab,
@@ -130,8 +130,8 @@ def test_committed_splits_are_reproduced_exactly_and_match_the_readme(tmp_path):
     import hashlib
     import re
 
-    from course_utils.data import DATA_DIR
-    from course_utils.training import write_splits
+    from course_utils.experiments.data import DATA_DIR
+    from course_utils.experiments.training import write_splits
 
     readme = (DATA_DIR / "README.md").read_text(encoding="utf-8")
     written = write_splits(tmp_path)
@@ -148,8 +148,8 @@ def test_committed_splits_are_reproduced_exactly_and_match_the_readme(tmp_path):
 
 
 def test_load_splits_match_the_default_configs():
-    from course_utils.seq2seq import Seq2SeqConfig
-    from course_utils.training import load_splits, make_task
+    from course_utils.blocks.seq2seq import Seq2SeqConfig
+    from course_utils.experiments.training import load_splits, make_task
 
     for task in ("reversal", "dates"):
         train_pairs, test_pairs, _, _ = make_task(Seq2SeqConfig(task=task))

@@ -6,7 +6,8 @@ import re
 
 import nbformat
 
-from course_utils import guide, plotting
+from course_utils.experiments import plotting
+from course_utils.tooling import guide
 
 from conftest import NOTEBOOKS, ROOT
 
@@ -18,7 +19,7 @@ SAFE_CMAPS = {"viridis", "cividis", "magma", "inferno", "plasma", "PuOr", "BrBG"
 def test_instructor_guide_is_up_to_date():
     text = guide.GUIDE.read_text(encoding="utf-8")
     block = text.split(guide.BEGIN, 1)[1].split(guide.END, 1)[0].strip()
-    assert block == guide.render(), "docs/instructor_guide.md is stale: run `python -m course_utils.guide`"
+    assert block == guide.render(), "docs/instructor_guide.md is stale: run `python -m course_utils.tooling.guide`"
     for path in NOTEBOOKS:
         assert f"`notebooks/{path.name}`" in block
 
@@ -51,7 +52,7 @@ def test_images_in_markdown_have_alt_text():
 
 def test_figures_use_colour_blind_safe_colour_maps():
     assert plotting.ATTENTION_CMAP in SAFE_CMAPS
-    code = (ROOT / "course_utils" / "plotting.py").read_text(encoding="utf-8")
+    code = (ROOT / "course_utils" / "experiments" / "plotting.py").read_text(encoding="utf-8")
     used = set(re.findall(r'cmap="([A-Za-z_]+)"', code))
     assert used <= SAFE_CMAPS, f"colour maps outside the safe set: {used - SAFE_CMAPS}"
     rc = (ROOT / "course_utils" / "matplotlibrc").read_text(encoding="utf-8")

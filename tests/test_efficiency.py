@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_utils import efficiency
-from course_utils.attention import scaled_dot_product_attention
+from course_utils.experiments import efficiency
+from course_utils.blocks.attention import scaled_dot_product_attention
 from course_utils.checks import CheckError, check_online_softmax_update
-from course_utils.errors import InputError
+from course_utils.core.errors import InputError
 
 
 @pytest.mark.parametrize(("T", "S", "Dk", "Dv", "block_size"), [(1, 1, 1, 1, 1), (5, 17, 8, 3, 4), (64, 64, 16, 16, 64),
@@ -59,6 +59,17 @@ def test_peak_memory_naive_holds_the_matrix_tiled_does_not():
         efficiency.peak_memory_mb("flash", n, 32)
     with pytest.raises(InputError, match="block_size"):
         efficiency.tiled_attention(torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(3, 4), block_size=0)
+
+
+def test_peak_memory_curve_measures_each_length_afresh():
+    # one process for several lengths: the n x n buffers of a length are freed before the next,
+    # so each length is measured as in a process of its own (within 10%) and grows like n^2
+    ns = [1024, 2048, 4096]
+    curve = efficiency.peak_memory_curve("naive", ns, 32)
+    alone = efficiency.peak_memory_mb("naive", 4096, 32)
+    assert abs(curve[-1] - alone) <= 0.1 * alone, (curve, alone)
+    assert all(mb >= 4 * n * n / 2**20 for mb, n in zip(curve, ns)), curve
+    assert 3 <= curve[2] / curve[1] <= 5, curve
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -22,7 +22,8 @@ import pytest
 
 from buggy_answers import BUGGY
 from conftest import NOTEBOOKS, ROOT
-from course_utils import grading, training
+from course_utils.experiments import loop
+from course_utils.tooling import grading
 
 SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
 HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
@@ -86,9 +87,9 @@ def test_every_exercise_has_a_known_buggy_answer():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
 def test_autograde_round_trip(path, released, tmp_path, monkeypatch):
     # nbval already runs every notebook at its full training budget; here the
-    # kernels train for a few steps only (course_utils.training.SMOKE_ENV), so
+    # kernels train for a few steps only (course_utils.experiments.loop.SMOKE_ENV), so
     # each submission grades in seconds. Graded cells never depend on a trained model.
-    monkeypatch.setenv(training.SMOKE_ENV, "1")
+    monkeypatch.setenv(loop.SMOKE_ENV, "1")
     instructor = nbformat.read(path, as_version=4)
     exercises = grading.exercises(path)
     points = {ex.grade_id: ex.points for ex in exercises}
@@ -160,7 +161,7 @@ def test_bad_submissions_fail_with_a_reason_and_the_rest_are_graded(released, tm
 
 
 def test_grading_command_line_reports_a_missing_folder(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "course_utils.grading", "autograde", str(tmp_path / "nope")],
+    run = subprocess.run([sys.executable, "-m", "course_utils.tooling.grading", "autograde", str(tmp_path / "nope")],
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 2
     assert "no submissions folder" in run.stderr and "Traceback" not in run.stderr

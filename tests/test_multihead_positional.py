@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 import course_utils
-from course_utils import masks, multihead, positional
+from course_utils.blocks import masks, multihead, positional
+from course_utils.experiments import neighbours, order
 from course_utils.checks import (
     CheckError,
     check_apply_rotary,
@@ -18,8 +19,8 @@ from course_utils.checks import (
     check_sinusoidal_positional_encoding,
     check_split_heads,
 )
-from course_utils.errors import InputError
-from course_utils.multihead import MultiHeadAttention
+from course_utils.core.errors import InputError
+from course_utils.blocks.multihead import MultiHeadAttention
 
 # (B, T, S, D, H)
 SHAPES = [(1, 1, 1, 4, 1), (2, 5, 7, 12, 3), (3, 6, 6, 32, 8), (2, 4, 9, 16, 4)]
@@ -211,7 +212,7 @@ def test_check_merge_heads_names_the_bug(buggy, fragment):
 
 
 def _mha(**mistake):
-    from course_utils.checks import _mha_variant
+    from course_utils.checks.multihead import _mha_variant
 
     def fn(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads, mask=None):
         return _mha_variant(query, key, value, (q_proj, k_proj, v_proj, out_proj), num_heads, mask, **mistake)
@@ -331,35 +332,35 @@ def test_rotary_attention_rotates_each_heads_queries_and_keys():
 
 
 def test_neighbour_task_and_model():
-    config = multihead.NeighbourConfig(steps=5, test_size=50)
-    x, y = multihead.make_neighbour_batch(config, 4, torch.Generator().manual_seed(0))
+    config = neighbours.NeighbourConfig(steps=5, test_size=50)
+    x, y = neighbours.make_neighbour_batch(config, 4, torch.Generator().manual_seed(0))
     assert torch.equal(y[:, 3], x[:, 2] * config.V + x[:, 4])
     assert torch.equal(y[:, 0], x[:, -1] * config.V + x[:, 1])  # circular
-    first = multihead.train_neighbour_model(config, seed=0)
-    again = multihead.train_neighbour_model(config, seed=0)
+    first = neighbours.train_neighbour_model(config, seed=0)
+    again = neighbours.train_neighbour_model(config, seed=0)
     assert first.losses == again.losses and first.accuracy == again.accuracy
-    offsets, profile = multihead.head_offset_profile(first.model, config)
+    offsets, profile = neighbours.head_offset_profile(first.model, config)
     assert offsets[0] == -6 and len(offsets) == 12 and profile.shape == (2, 12)
     torch.testing.assert_close(profile.sum(dim=1), torch.ones(2))  # each head's weights sum to 1 per query
 
 
 def test_order_models_and_reversal_task():
-    config = positional.ReversalConfig(steps=3, test_size=20)
-    x, y = positional.make_reversal_batch(config, 5, torch.Generator().manual_seed(0))
+    config = order.ReversalConfig(steps=3, test_size=20)
+    x, y = order.make_reversal_batch(config, 5, torch.Generator().manual_seed(0))
     assert torch.equal(y, x.flip(-1)) and all(len(set(row.tolist())) == config.T for row in x)
     counts = {}
-    for kind in positional.POSITION_KINDS:
-        result = positional.train_order_model(config, positions=kind, seed=0)
+    for kind in order.POSITION_KINDS:
+        result = order.train_order_model(config, positions=kind, seed=0)
         assert len(result.losses) == 3 and 0 <= result.accuracy <= 1
         counts[kind] = result.parameters
     assert counts["learned"] == counts["sinusoidal"] + config.T * config.D
     with pytest.raises(InputError, match="positions must be one of"):
-        positional.OrderModel(config, "absolute")
+        order.OrderModel(config, "absolute")
 
 
 def test_order_model_without_positions_is_equivariant():
     torch.manual_seed(0)
-    model = positional.OrderModel(positional.ReversalConfig(), "none").eval()
+    model = order.OrderModel(order.ReversalConfig(), "none").eval()
     x = torch.randperm(16)[:12][None]
     perm = torch.randperm(12)
     with torch.no_grad():
@@ -367,7 +368,7 @@ def test_order_model_without_positions_is_equivariant():
 
 
 def test_show_matrix():
-    from course_utils.plotting import show_matrix
+    from course_utils.experiments.plotting import show_matrix
 
     fig = show_matrix(positional.sinusoidal_positional_encoding(8, 4), "feature", "position")
     assert len(fig.axes) == 2
@@ -379,7 +380,8 @@ def test_every_public_name_of_the_attention_modules_imports_from_the_package():
     import importlib
     import inspect
 
-    for name in ("attention", "masks", "multihead", "positional", "transformer", "efficiency"):
+    for name in ("blocks.attention", "blocks.masks", "blocks.multihead", "blocks.positional", "blocks.transformer",
+                 "experiments.efficiency", "experiments.neighbours", "experiments.order", "experiments.deep_stacks"):
         module = importlib.import_module(f"course_utils.{name}")
         public = [n for n, obj in vars(module).items() if not n.startswith("_")
                   and ((inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == module.__name__

@@ -132,10 +132,10 @@ def test_exercises_are_graded_and_followed_by_the_reference(path):
 def _public_functions() -> dict[str, object]:
     """Public functions and classes of course_utils by name; a name defined twice is an error."""
     found: dict[str, object] = {}
-    for info in pkgutil.iter_modules(course_utils.__path__):
-        if info.name.startswith("_") or info.name in {"execute", "grading", "site", "slides", "guide", "bench", "portable"}:  # tools
-            continue
-        module = importlib.import_module(f"course_utils.{info.name}")
+    for info in pkgutil.walk_packages(course_utils.__path__, prefix="course_utils."):
+        if info.ispkg or info.name.startswith("course_utils.tooling.") or info.name == "course_utils.core.portable":
+            continue  # the course's tools are not concepts a notebook teaches
+        module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
             if not name.startswith("_") and callable(obj) and getattr(obj, "__module__", "") == module.__name__:
                 assert name not in found, (

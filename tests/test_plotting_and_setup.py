@@ -11,7 +11,7 @@ import torch
 from matplotlib.figure import Figure
 
 from course_utils import setup
-from course_utils.plotting import ATTENTION_CMAP, show_attention
+from course_utils.experiments.plotting import ATTENTION_CMAP, show_attention
 
 
 def _draws():
@@ -86,7 +86,7 @@ def test_show_attention_rejects_bad_input(weights, kwargs, fragment):
 
 
 def test_plot_accuracy_by_length_draws_one_line_per_model_in_percent():
-    from course_utils.plotting import plot_accuracy_by_length
+    from course_utils.experiments.plotting import plot_accuracy_by_length
 
     fig = plot_accuracy_by_length({"plain": {3: 1.0, 10: 0.3, 20: 0.0}, "attention": {3: 1.0, 10: 1.0, 20: 0.99}},
                                   title="t", longest_training_length=20)

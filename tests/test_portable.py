@@ -8,11 +8,11 @@ import re
 
 import pytest
 
-from course_utils import portable
-from course_utils.bench import (NOTEBOOK_BUDGET, SERIES_BUDGET, TRAINING_BUDGET, NotebookTiming, budget_failures,
+from course_utils.core import portable
+from course_utils.tooling.bench import (NOTEBOOK_BUDGET, SERIES_BUDGET, TRAINING_BUDGET, NotebookTiming, budget_failures,
                                 report, stated_runtime)
-from course_utils.benchlog import BENCH_LOG_ENV, record_training
-from course_utils.reproducibility import UNPINNED_NOTE, error_bound, setup
+from course_utils.experiments.loop import BENCH_LOG_ENV, record_training
+from course_utils.core.reproducibility import UNPINNED_NOTE, error_bound, setup
 from tests.conftest import NOTEBOOKS, pytest_configure
 
 
@@ -154,7 +154,7 @@ def test_training_runs_report_to_the_bench_log_only_when_asked(tmp_path, monkeyp
     record_training("quiet", 1.0)
     assert not log.exists()
     monkeypatch.setenv(BENCH_LOG_ENV, str(log))
-    from course_utils import scaling
+    from course_utils.experiments import scaling
 
     scaling.train_recall(scaling.RecallConfig(steps=2, test_size=16), seed=0)
     (entry,) = map(json.loads, log.read_text().splitlines())

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import course_utils
-from course_utils import attention, embeddings, masks, scaling
-from course_utils.errors import InputError
+from course_utils.blocks import attention, masks
+from course_utils.experiments import embeddings, scaling
+from course_utils.core.errors import InputError
 
 # (B, H, T, S, Dk, Dv): several shapes, including T != S, Dk != Dv, size-1 dims
 SHAPES = [(1, 1, 1, 1, 1, 1), (2, 3, 4, 5, 6, 7), (3, 1, 7, 2, 8, 3), (2, 4, 16, 16, 32, 32)]
@@ -215,7 +216,7 @@ def test_scaled_recall_learns_and_unscaled_lags():
 
 
 def test_line_plots_and_their_errors():
-    from course_utils.plotting import plot_lines, plot_saturation
+    from course_utils.experiments.plotting import plot_lines, plot_saturation
 
     fig = plot_lines([1, 2, 4], {"a": [1, 2, 3], "b": [3, 2, 1]}, "x", "y", logx=True, reference=("ref", [1, 1, 1]))
     (ax,) = fig.axes

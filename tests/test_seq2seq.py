@@ -1,26 +1,15 @@
-"""Tests for course_utils.seq2seq (models, scorers, masking) and course_utils.training."""
+"""Tests for course_utils.blocks.seq2seq (models, scorers, masking) and course_utils.experiments.training."""
 
 import dataclasses
 
 import pytest
 import torch
 
-from course_utils.attention import masked_softmax
-from course_utils.data import make_batch, make_reversal_pairs, reversal_vocab
-from course_utils.seq2seq import (
-    AdditiveScore,
-    AttentionDecoder,
-    BilinearScore,
-    ConcatScore,
-    DotScore,
-    Encoder,
-    PlainDecoder,
-    Seq2Seq,
-    Seq2SeqConfig,
-    attend,
-    build_seq2seq,
-)
-from course_utils.training import accuracy_by_length, exact_match, learning_rate, run_length_experiment, train
+from course_utils.blocks.attention import masked_softmax
+from course_utils.experiments.data import make_batch, make_reversal_pairs, reversal_vocab
+from course_utils.blocks.scorers import AdditiveScore, BilinearScore, ConcatScore, DotScore, attend
+from course_utils.blocks.seq2seq import AttentionDecoder, Encoder, PlainDecoder, Seq2Seq, Seq2SeqConfig, build_seq2seq
+from course_utils.experiments.training import accuracy_by_length, exact_match, learning_rate, run_length_experiment, train
 
 SMALL = Seq2SeqConfig(embed_size=8, hidden_size=12, attn_size=10, steps=5, batch_size=4, n_symbols=6)
 
@@ -181,7 +170,7 @@ def test_decoders_are_the_expected_classes():
     model = build_seq2seq(config, 9, 9, "attention")
     assert isinstance(model, Seq2Seq) and isinstance(model.decoder, AttentionDecoder)
     assert isinstance(model.decoder.scorer, AdditiveScore)
-    from course_utils.transformer import TransformerSeq2Seq
+    from course_utils.blocks.transformer import TransformerSeq2Seq
 
     assert isinstance(build_seq2seq(config, 9, 9, "transformer"), TransformerSeq2Seq)
     with pytest.raises(ValueError, match="'plain', 'attention' or 'transformer'"):
@@ -268,7 +257,7 @@ def test_final_states_equal_the_packed_gru_final_state():
     """final_states picks the state after the last real token: what a packed GRU returns as h_n."""
     from torch.nn.utils.rnn import pack_padded_sequence
 
-    from course_utils.seq2seq import final_states
+    from course_utils.blocks.seq2seq import final_states
 
     torch.manual_seed(0)
     gru = torch.nn.GRU(4, 6, batch_first=True)
@@ -281,7 +270,7 @@ def test_final_states_equal_the_packed_gru_final_state():
 
 
 def test_sequence_exact_match_ignores_padding_and_needs_every_real_token():
-    from course_utils.training import sequence_exact_match
+    from course_utils.experiments.training import sequence_exact_match
 
     targets = torch.tensor([[5, 6, 2, 0], [5, 6, 7, 2], [5, 2, 0, 0]])
     tokens = torch.tensor([[5, 6, 2, 9], [5, 6, 7, 3], [5, 2, 0, 4]])

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from course_utils import site
+from course_utils.tooling import site
 
 from conftest import NOTEBOOKS
 

@@ -7,7 +7,7 @@ import re
 import nbformat
 import pytest
 
-from course_utils import slides
+from course_utils.tooling import slides
 
 from conftest import NOTEBOOKS
 

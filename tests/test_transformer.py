@@ -6,11 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import masks, transformer
+from course_utils.blocks import masks, transformer
+from course_utils.experiments import deep_stacks
 from course_utils.checks import CheckError, check_layer_norm, check_residual
-from course_utils.errors import InputError
-from course_utils.seq2seq import Seq2SeqConfig, build_seq2seq
-from course_utils.transformer import TransformerDecoderBlock, TransformerEncoderBlock
+from course_utils.core.errors import InputError
+from course_utils.blocks.seq2seq import Seq2SeqConfig, build_seq2seq
+from course_utils.blocks.transformer import TransformerDecoderBlock, TransformerEncoderBlock
 
 SETTINGS = [(False, "relu"), (True, "relu"), (False, "gelu"), (True, "gelu")]
 
@@ -168,9 +169,9 @@ def test_check_residual_names_the_bug(buggy, fragment):
 
 
 def test_gradients_fade_without_residuals_and_pre_ln_reaches_the_first_block():
-    pre = transformer.gradient_norms_by_layer(24, norm_first=True)
-    post = transformer.gradient_norms_by_layer(24, norm_first=False)
-    no_residual = transformer.gradient_norms_by_layer(24, norm_first=True, residual_connections=False)
+    pre = deep_stacks.gradient_norms_by_layer(24, norm_first=True)
+    post = deep_stacks.gradient_norms_by_layer(24, norm_first=False)
+    no_residual = deep_stacks.gradient_norms_by_layer(24, norm_first=True, residual_connections=False)
     assert len(pre) == 24 and all(g > 0 for g in pre + post + no_residual)
     assert pre[0] > pre[-1]  # pre-LN: the first block gets at least as much as the last
     assert post[-1] > 1.5 * post[0]  # post-LN: concentrated near the output

@@ -15,15 +15,15 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from course_utils.attention import scaled_dot_product_attention
-from course_utils.errors import InputError
+from course_utils.blocks.attention import scaled_dot_product_attention
+from course_utils.core.errors import InputError
 
 
 def time_call(fn: Callable[[], Any], repeats: int = 5, min_seconds: float = 0.02) -> float:
@@ -164,8 +164,8 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_siz
 _MEMORY_SCRIPT = r"""
 import json, os, re, resource, sys
 import torch
-from course_utils.attention import scaled_dot_product_attention
-from course_utils.efficiency import tiled_attention
+from course_utils.blocks.attention import scaled_dot_product_attention
+from course_utils.experiments.efficiency import tiled_attention
 
 
 def peak_kb():
@@ -180,51 +180,61 @@ def current_kb():
     return peak_kb()
 
 
-kind, n, d, block = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+kind, d, block = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ns = [int(n) for n in sys.argv[4:]]
 torch.set_num_threads(1)
-g = torch.Generator().manual_seed(0)
-q, k, v = (torch.randn(1, 1, n, d, generator=g) for _ in range(3))  # (B, H, n, d)
-small = [t[..., :8, :] for t in (q, k, v)]
 run = {
     "naive": lambda a, b, c: scaled_dot_product_attention(a, b, c)[0],
     "tiled": lambda a, b, c: tiled_attention(a, b, c, block),
     "pytorch": lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(a, b, c),
 }[kind]
+results = []
 with torch.no_grad():
-    run(*small)  # load the kernels before measuring
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the high-water mark to the current resident size
-    except OSError:
-        pass
-    before = current_kb()
-    out = run(q, k, v)
-    after = peak_kb()
-print(json.dumps({"peak_mb": max(after - before, 0) / 1024, "checksum": float(out.double().sum())}))
+    run(*(torch.randn(1, 1, 8, d) for _ in range(3)))  # load the kernels before measuring
+    for n in ns:  # buffers this large are returned to the system when freed, so each n starts afresh
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 1, n, d, generator=g) for _ in range(3))  # (B, H, n, d)
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset the high-water mark to the current resident size
+        except OSError:
+            pass
+        before = current_kb()
+        out = run(q, k, v)
+        after = peak_kb()
+        results.append({"peak_mb": max(after - before, 0) / 1024, "checksum": float(out.double().sum())})
+        del q, k, v, out
+print(json.dumps(results))
 """
 
 
-def peak_memory_mb(kind: str, n: int, d: int, block_size: int = 256) -> float:
-    """Extra peak memory (MB) of one attention call on (1, 1, n, d) inputs, measured in a fresh process.
+def peak_memory_curve(kind: str, ns: Sequence[int], d: int, block_size: int = 256) -> list[float]:
+    """Extra peak memory (MB) of one attention call on (1, 1, n, d) inputs, for each n, in one fresh process.
 
     On Linux the process's high-water mark of resident memory is reset just
-    before the call (``/proc/self/clear_refs``) and read after it (``VmHWM``);
-    elsewhere the maximum resident set size (``resource.getrusage``) is used.
-    The difference from the resident size before the call is what the call
+    before each call (``/proc/self/clear_refs``) and read after it (``VmHWM``);
+    elsewhere the maximum resident set size (``resource.getrusage``) is used,
+    which only grows, so give the lengths in increasing order. The
+    difference from the resident size before the call is what the call
     needed at its peak.
 
     Args:
         kind: "naive" (course reference, stores the (n, n) weights), "tiled"
             (``tiled_attention``) or "pytorch" (``F.scaled_dot_product_attention``).
-        n: Sequence length.
+        ns: Sequence lengths, measured in this order.
         d: Width.
         block_size: Keys per block for "tiled".
 
     Returns:
-        Megabytes (MiB).
+        Megabytes (MiB), one per length.
     """
     if kind not in ("naive", "tiled", "pytorch"):
         raise InputError(f"kind must be 'naive', 'tiled' or 'pytorch', got {kind!r}")
-    result = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, kind, str(n), str(d), str(block_size)],
+    result = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, kind, str(d), str(block_size), *map(str, ns)],
                             capture_output=True, text=True, check=True)
-    return float(json.loads(result.stdout.strip().splitlines()[-1])["peak_mb"])
+    return [float(r["peak_mb"]) for r in json.loads(result.stdout.strip().splitlines()[-1])]
+
+
+def peak_memory_mb(kind: str, n: int, d: int, block_size: int = 256) -> float:
+    """:func:`peak_memory_curve` for one length ``n``: extra peak memory (MB) of one attention call."""
+    return peak_memory_curve(kind, [n], d, block_size)[0]

@@ -38,7 +38,7 @@ from pathlib import Path
 import nbformat
 import nbformat.reader
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 BUILD = ROOT / "build"
 COURSE_ID = "attention-course"

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from course_utils.errors import InputError
+from course_utils.core.errors import InputError
 
 
 def pairwise_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

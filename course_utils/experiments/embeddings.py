@@ -17,8 +17,8 @@ from gensim.models import KeyedVectors, Word2Vec
 from gensim.test.utils import datapath
 from gensim.utils import simple_preprocess
 
-from course_utils.errors import InputError
-from course_utils.benchlog import record_training
+from course_utils.core.errors import InputError
+from course_utils.experiments.loop import record_training
 
 # About 58,000 words of Australian news (ABC, 2001), 300 documents, one per line.
 LEE_CORPUS = "lee_background.cor"

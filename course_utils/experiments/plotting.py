@@ -204,7 +204,7 @@ def plot_saturation(saturation: Any) -> Figure:
     """Three panels against Dk, scaled and unscaled: entropy, largest weight, gradient norm (notebook 04).
 
     Args:
-        saturation: A ``course_utils.scaling.Saturation``.
+        saturation: A ``course_utils.experiments.scaling.Saturation``.
 
     Returns:
         The Figure.

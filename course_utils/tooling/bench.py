@@ -9,7 +9,7 @@ stop on a stopwatch. The budgets live here instead, measured on the course's
   under the runtime its first cell states (``*Runtime:* under N CPU minutes``);
 * the whole series runs in under ``SERIES_BUDGET`` seconds;
 * each training run (every call of a training function in ``course_utils``,
-  which reports itself through ``course_utils.benchlog``) takes under
+  which reports itself through ``course_utils.experiments.loop``) takes under
   ``TRAINING_BUDGET`` seconds.
 
 Each notebook is executed in a fresh kernel with the same settings as
@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from course_utils.benchlog import BENCH_LOG_ENV
-from course_utils.execute import README, ROOT, execute_notebook, update_readme_minutes
+from course_utils.experiments.loop import BENCH_LOG_ENV
+from course_utils.tooling.execute import README, ROOT, execute_notebook, update_readme_minutes
 
 NOTEBOOK_BUDGET = 90.0  # seconds per notebook, kernel start included
 SERIES_BUDGET = 300.0  # seconds for all notebooks
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(notebook: the smaller of {NOTEBOOK_BUDGET:.0f} and its stated runtime)\n")
     print(report(timings))
     if not args.no_readme:
-        from course_utils.guide import update as update_guide  # the guide's run times come from the README
+        from course_utils.tooling.guide import update as update_guide  # the guide's run times come from the README
 
         update_readme_minutes({t.name: t.seconds / 60 for t in timings}, README)
         update_guide()

@@ -11,15 +11,13 @@ settings.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from course_utils.attention import attention_entropy, scaled_dot_product_attention
-from course_utils.training import training_steps
-from course_utils.benchlog import record_training
+from course_utils.blocks.attention import attention_entropy, scaled_dot_product_attention
+from course_utils.experiments.loop import fit, training_steps
 
 
 def score_variance(d_ks: Sequence[int], n_pairs: int = 20_000, seed: int = 0) -> dict[int, float]:
@@ -196,20 +194,15 @@ def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, see
         scores = q @ model.k_proj(pairs).transpose(-2, -1) * model.scale  # (N, 1, S)
         initial_max_weight = torch.softmax(scores, dim=-1).amax(dim=-1).mean().item()
         initial_score_std = scores.std().item()
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     generator = torch.Generator().manual_seed(seed)
-    losses = []
-    start = time.perf_counter()
-    for _ in range(training_steps(config)):
+
+    def step_loss(step: int) -> torch.Tensor:
         keys, values, query, target = make_recall_batch(config, config.batch_size, generator)
-        loss = torch.nn.functional.cross_entropy(model(keys, values, query), target)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    record_training(f"recall model, d_k = {config.d_k}, {'scaled' if scaled else 'unscaled'}, seed {seed}",
-                    time.perf_counter() - start)
+        return torch.nn.functional.cross_entropy(model(keys, values, query), target)
+
+    result = fit(model, torch.optim.Adam(model.parameters(), lr=config.lr), step_loss, training_steps(config),
+                 f"recall model, d_k = {config.d_k}, {'scaled' if scaled else 'unscaled'}, seed {seed}")
     with torch.no_grad():
         accuracy = (model(*test[:3]).argmax(dim=-1) == test[3]).float().mean().item()
-    return RecallResult(losses=losses, accuracy=accuracy, initial_max_weight=initial_max_weight,
+    return RecallResult(losses=list(result.losses), accuracy=accuracy, initial_max_weight=initial_max_weight,
                         initial_score_std=initial_score_std)

@@ -9,7 +9,7 @@ decoder GRU at every step:
 * :class:`AttentionDecoder` (Bahdanau, Cho & Bengio 2014, arXiv:1409.0473): a
   fresh vector at every step, a weighted average of *all* encoder states,
   with weights given by a score between the previous decoder state and each
-  encoder state.
+  encoder state (the score functions are in :mod:`course_utils.blocks.scorers`).
 
 Dimension letters in shape comments: ``B`` batch, ``S`` source length,
 ``T`` target length, ``H`` hidden size (per direction), ``D`` a width
@@ -28,10 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from course_utils.attention import masked_softmax  # True = may attend; fully masked rows -> 0, not NaN
+from course_utils.blocks.scorers import ScoreKind, attend, make_scorer
 
 DecoderKind = Literal["plain", "attention", "transformer"]
-ScoreKind = Literal["additive", "concat", "dot", "bilinear"]
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,8 @@ class Seq2SeqConfig:
     min_len: int = 3  # reversal: shortest source length (inclusive)
     max_len: int = 20  # reversal: longest training source length (inclusive)
     n_symbols: int = 10  # reversal: alphabet size (plus <pad>, <sos>, <eos>)
-    n_train: int = 12_000  # distinct training pairs (reshuffled each epoch; 600 x 64 = 3.2 epochs)
-    n_test_per_length: int = 300  # reversal: test pairs per source length; dates: n_test_per_length * 10 pairs
+    n_train: int = 12_000  # training pairs (reshuffled each epoch; 300 x 64 = 1.6 epochs)
+    n_test_per_length: int = 100  # reversal: test pairs per source length; dates: n_test_per_length * 10 pairs
     # --- model ---
     embed_size: int = 32  # E: token embedding size (encoder and decoder)
     hidden_size: int = 64  # H: GRU hidden size (per direction in the encoder; the decoder has H)
@@ -61,9 +60,9 @@ class Seq2SeqConfig:
     num_layers: int = 2  # encoder blocks, and as many decoder blocks
     d_ff: int = 128  # hidden width of the feed-forward networks
     # --- training budget (identical for every decoder) ---
-    steps: int = 600  # optimizer steps
+    steps: int = 300  # optimizer steps
     batch_size: int = 64  # B: pairs per step
-    lr: float = 3e-3  # peak Adam learning rate
+    lr: float = 5e-3  # peak Adam learning rate
     warmup_steps: int = 50  # linear warm-up from 0 to lr
     lr_decay: Literal["cosine", "constant"] = "cosine"  # after warm-up: cosine decay to min_lr_frac * lr, or constant
     min_lr_frac: float = 0.05  # final learning rate as a fraction of lr (cosine only)
@@ -136,186 +135,6 @@ class Encoder(nn.Module):
         states, _ = pad_packed_sequence(packed_states, batch_first=True, total_length=src.shape[1])  # (B, S, Dk)
         final = torch.cat(list(h_n), dim=-1)  # num_directions x (B, H) -> (B, Dk)
         return states, final
-
-
-# --------------------------------------------------------------------------
-# Attention: score functions and the masked softmax
-# --------------------------------------------------------------------------
-
-
-def additive_scores(q_proj: torch.Tensor, k_proj: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Bahdanau's additive scores ``e_j = v^T tanh(W_q s + W_k h_j)`` (notebook 02, exercise 1).
-
-    The projections are applied by the caller (``W_k h`` once per sequence);
-    this is the part that compares one query with every source position.
-
-    Args:
-        q_proj: ``W_q s``, the projected query, ``(B, A)`` float.
-        k_proj: ``W_k h_j`` for every source position, ``(B, S, A)`` float.
-        v: The scoring vector, ``(A,)`` float.
-
-    Returns:
-        Scores ``(B, S)`` float.
-    """
-    hidden = torch.tanh(q_proj[:, None, :] + k_proj)  # (B, 1, A) + (B, S, A) -> (B, S, A)
-    return hidden @ v  # (B, S, A) @ (A,) -> (B, S)
-
-
-def bilinear_scores(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """Luong's "general" scores ``e_j = s^T W h_j`` (notebook 02, exercise 3).
-
-    Args:
-        query: ``s``, ``(B, Dq)`` float.
-        keys: ``h_j`` for every source position, ``(B, S, Dk)`` float.
-        W: ``(Dq, Dk)`` float.
-
-    Returns:
-        Scores ``(B, S)`` float.
-    """
-    q_w = query @ W  # (B, Dq) @ (Dq, Dk) -> (B, Dk)
-    return (keys @ q_w[:, :, None])[:, :, 0]  # (B, S, Dk) @ (B, Dk, 1) -> (B, S, 1) -> (B, S)
-
-
-class AdditiveScore(nn.Module):
-    """Bahdanau's additive score ``v^T tanh(W_q q + W_k k_j)``.
-
-    Args:
-        query_size: ``Dq``.
-        key_size: ``Dk``.
-        attn_size: ``A``, width of the hidden layer.
-    """
-
-    def __init__(self, query_size: int, key_size: int, attn_size: int):
-        super().__init__()
-        self.W_q = nn.Linear(query_size, attn_size, bias=False)
-        self.W_k = nn.Linear(key_size, attn_size, bias=True)
-        self.v = nn.Parameter(torch.empty(attn_size).uniform_(-(attn_size**-0.5), attn_size**-0.5))  # (A,)
-
-    def precompute(self, keys: torch.Tensor) -> torch.Tensor:
-        """``W_k k`` for all positions; it does not depend on the query, so a decoder computes it once."""
-        return self.W_k(keys)  # (B, S, Dk) -> (B, S, A)
-
-    def score(self, query: torch.Tensor, projected_keys: torch.Tensor) -> torch.Tensor:
-        """Scores from a query and the output of :meth:`precompute`, ``(B, S)``."""
-        return additive_scores(self.W_q(query), projected_keys, self.v)  # (B, Dq) -> (B, A); -> (B, S)
-
-    def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Unnormalised scores.
-
-        Args:
-            query: ``(B, Dq)``, e.g. the previous decoder state.
-            keys: ``(B, S, Dk)``, e.g. the encoder states.
-            mask: ``(B, S)`` bool, True = may attend. Unused here (the scores
-                of masked positions are removed by :func:`attend`, with
-                :func:`course_utils.attention.masked_softmax`); accepted so
-                that all scorers share one signature.
-
-        Returns:
-            Scores ``(B, S)``.
-        """
-        return self.score(query, self.precompute(keys))
-
-
-class ConcatScore(nn.Module):
-    """The "concat" score ``v^T tanh(W [q; k_j])`` (Luong et al. 2015).
-
-    Writing ``W = [W_q  W_k]`` in two column blocks gives
-    ``W [q; k] = W_q q + W_k k``: this *is* the additive score. The code
-    below builds the concatenation literally (broadcasting the query over the
-    source positions), which costs more than :class:`AdditiveScore`.
-    """
-
-    def __init__(self, query_size: int, key_size: int, attn_size: int):
-        super().__init__()
-        self.W = nn.Linear(query_size + key_size, attn_size, bias=True)
-        self.v = nn.Parameter(torch.empty(attn_size).uniform_(-(attn_size**-0.5), attn_size**-0.5))  # (A,)
-
-    def precompute(self, keys: torch.Tensor) -> torch.Tensor:
-        """Nothing to precompute: the keys are returned unchanged."""
-        return keys
-
-    def score(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """Scores ``(B, S)``."""
-        q = query.unsqueeze(1).expand(-1, keys.shape[1], -1)  # (B, Dq) -> (B, S, Dq)
-        both = torch.cat([q, keys], dim=-1)  # (B, S, Dq) ++ (B, S, Dk) -> (B, S, Dq + Dk)
-        return torch.tanh(self.W(both)) @ self.v  # (B, S, Dq+Dk) -> (B, S, A) -> (B, S)
-
-    def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Scores ``(B, S)`` for query ``(B, Dq)`` and keys ``(B, S, Dk)``; see :class:`AdditiveScore`."""
-        return self.score(query, keys)
-
-
-class DotScore(nn.Module):
-    """The dot-product score ``q^T k_j`` (no parameters; needs ``Dq == Dk``)."""
-
-    def precompute(self, keys: torch.Tensor) -> torch.Tensor:
-        """Nothing to precompute: the keys are returned unchanged."""
-        return keys
-
-    def score(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """Scores ``(B, S)``."""
-        if query.shape[-1] != keys.shape[-1]:
-            raise ValueError(f"DotScore needs equal widths, got query {query.shape[-1]} and keys {keys.shape[-1]}")
-        return torch.bmm(keys, query.unsqueeze(-1)).squeeze(-1)  # (B, S, D) @ (B, D, 1) -> (B, S, 1) -> (B, S)
-
-    def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Scores ``(B, S)`` for query ``(B, D)`` and keys ``(B, S, D)``; see :class:`AdditiveScore`."""
-        return self.score(query, keys)
-
-
-class BilinearScore(nn.Module):
-    """Luong's "general" score ``q^T W k_j`` (works for ``Dq != Dk``)."""
-
-    def __init__(self, query_size: int, key_size: int):
-        super().__init__()
-        bound = key_size**-0.5
-        self.W = nn.Parameter(torch.empty(query_size, key_size).uniform_(-bound, bound))  # (Dq, Dk)
-
-    def precompute(self, keys: torch.Tensor) -> torch.Tensor:
-        """Nothing to precompute: the keys are returned unchanged."""
-        return keys
-
-    def score(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """Scores ``(B, S)``."""
-        return bilinear_scores(query, keys, self.W)
-
-    def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Scores ``(B, S)`` for query ``(B, Dq)`` and keys ``(B, S, Dk)``; see :class:`AdditiveScore`."""
-        return self.score(query, keys)
-
-
-def make_scorer(kind: ScoreKind, query_size: int, key_size: int, attn_size: int) -> nn.Module:
-    """Build one of the four score modules by name."""
-    if kind == "additive":
-        return AdditiveScore(query_size, key_size, attn_size)
-    if kind == "concat":
-        return ConcatScore(query_size, key_size, attn_size)
-    if kind == "dot":
-        return DotScore()
-    if kind == "bilinear":
-        return BilinearScore(query_size, key_size)
-    raise ValueError(f"unknown score {kind!r}")
-
-
-def attend(
-    scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Turn scores into attention weights and a context vector.
-
-    Args:
-        scores: ``(B, S)`` unnormalised scores.
-        values: ``(B, S, Dv)`` vectors to average (here: the encoder states).
-        mask: ``(B, S)`` bool, True = may attend; ``None`` = attend everywhere.
-
-    Returns:
-        ``context`` ``(B, Dv)`` = sum_j weights_j * values_j, and ``weights``
-        ``(B, S)``.
-    """
-    if mask is None:
-        mask = torch.ones_like(scores, dtype=torch.bool)
-    weights = masked_softmax(scores, mask)  # (B, S); exactly 0 at masked positions
-    context = torch.bmm(weights.unsqueeze(1), values).squeeze(1)  # (B, 1, S) @ (B, S, Dv) -> (B, 1, Dv) -> (B, Dv)
-    return context, weights
 
 
 # --------------------------------------------------------------------------
@@ -586,7 +405,7 @@ def build_seq2seq(
             ``"transformer"`` (notebook 07: a pre-LN encoder-decoder transformer).
     """
     if decoder == "transformer":
-        from course_utils.transformer import TransformerSeq2Seq  # transformer -> multihead -> attention
+        from course_utils.blocks.transformer import TransformerSeq2Seq  # transformer -> multihead -> attention
 
         return TransformerSeq2Seq(src_vocab_size, tgt_vocab_size, config.d_model, config.num_heads, config.d_ff,
                                   config.num_layers)

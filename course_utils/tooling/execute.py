@@ -9,8 +9,8 @@ Each notebook runs top to bottom in a fresh kernel with the same environment
 the tests use (``PYTHONHASHSEED=0``, ``IPYKERNEL_CELL_NAME``, no
 ``MPLBACKEND``); the notebook itself calls ``course_utils.setup()`` for seeds,
 threads and figure style, and the kernel runs with the pinned CPU code paths
-of ``course_utils.portable``. Timing against the budgets, and the README's
-syllabus table, are ``make bench``'s job (``course_utils.bench``).
+of ``course_utils.core.portable``. Timing against the budgets, and the README's
+syllabus table, are ``make bench``'s job (``course_utils.tooling.bench``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from course_utils.portable import pin_environment
+from course_utils.core.portable import pin_environment
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 # Settings shared by `make execute`, the nbval run (tests/conftest.py) and grading.
@@ -37,7 +37,7 @@ KERNEL_ENV = {"PYTHONHASHSEED": "0", "IPYKERNEL_CELL_NAME": "<IPY-INPUT>"}
 def kernel_environment() -> None:
     """Put the shared kernel settings into this process's environment (kernels inherit it).
 
-    Besides ``KERNEL_ENV``, these are the pinned code paths of ``course_utils.portable``
+    Besides ``KERNEL_ENV``, these are the pinned code paths of ``course_utils.core.portable``
     that make outputs the same on every x86-64 machine with AVX2.
     """
     os.environ.update(KERNEL_ENV)

@@ -3,7 +3,7 @@
 The block between the BEGIN/END GENERATED markers of the guide is rendered from
 the notebooks themselves (title, learning objectives, graded exercises and their
 points) and from the README's syllabus table (measured CPU minutes).
-``python -m course_utils.guide`` rewrites it; a test fails when it is stale.
+``python -m course_utils.tooling.guide`` rewrites it; a test fails when it is stale.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import nbformat
 
-from course_utils.grading import course_notebooks, exercises
-from course_utils.site import syllabus
+from course_utils.tooling.grading import course_notebooks, exercises
+from course_utils.tooling.site import syllabus
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "instructor_guide.md"
 BEGIN, END = "<!-- BEGIN GENERATED: notebooks -->", "<!-- END GENERATED -->"
 

@@ -34,7 +34,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 """The repository's data folder (committed splits and their README)."""
 
 Pair = tuple[str, str]

@@ -13,18 +13,15 @@ Everything is deterministic given ``config.seed`` and ``config.num_threads``
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from course_utils.data import (
+from course_utils.blocks.seq2seq import DecoderKind, Seq2Seq, Seq2SeqConfig, build_seq2seq, sequence_loss
+from course_utils.experiments.data import (
     DATA_DIR,
     Batch,
     Pair,
@@ -39,52 +36,7 @@ from course_utils.data import (
     reversal_vocab,
     save_pairs,
 )
-from course_utils.seq2seq import DecoderKind, Seq2Seq, Seq2SeqConfig, build_seq2seq, sequence_loss
-from course_utils.benchlog import record_training
-
-if TYPE_CHECKING:  # only for the type of training_steps' argument
-    from course_utils.multihead import NeighbourConfig
-    from course_utils.positional import ReversalConfig
-    from course_utils.scaling import RecallConfig
-
-
-@contextlib.contextmanager
-def num_threads(n: int) -> Iterator[None]:
-    """Temporarily run torch's CPU kernels on ``n`` threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-SMOKE_ENV = "COURSE_UTILS_SMOKE"
-"""Set to 1 only by the grading round-trip tests: every training run takes
-SMOKE_STEPS steps, so a notebook is checked to *run* under the autograder in
-seconds. nbval always runs the full budget, and the notebooks' asserts on
-accuracy then fail in ungraded cells, which grading ignores."""
-SMOKE_STEPS = 3
-
-
-def training_steps(config: Seq2SeqConfig | RecallConfig | ReversalConfig | NeighbourConfig) -> int:
-    """``config.steps`` (any config with a ``steps`` field), or :data:`SMOKE_STEPS` when ``COURSE_UTILS_SMOKE=1``."""
-    return SMOKE_STEPS if os.environ.get(SMOKE_ENV) == "1" else config.steps
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """What :func:`train` measured.
-
-    Attributes:
-        losses: Training loss (mean token cross-entropy) at every step.
-        seconds: Wall time of the training loop (excludes data generation).
-        steps: Number of optimizer steps taken.
-    """
-
-    losses: tuple[float, ...]
-    seconds: float
-    steps: int
+from course_utils.experiments.loop import TrainResult, fit, num_threads, training_steps
 
 
 def learning_rate(step: int, config: Seq2SeqConfig) -> float:
@@ -117,7 +69,7 @@ def train(model: Seq2Seq, data: Batch, config: Seq2SeqConfig, progress: bool = F
 
     Args:
         model: The model to train (in place).
-        data: All training pairs, encoded with :func:`~course_utils.data.make_batch`.
+        data: All training pairs, encoded with :func:`~course_utils.experiments.data.make_batch`.
         config: ``steps``, ``batch_size``, ``lr``, ``warmup_steps``,
             ``lr_decay``, ``min_lr_frac``, ``grad_clip``, ``seed``,
             ``num_threads`` and ``log_every`` are used.
@@ -129,31 +81,16 @@ def train(model: Seq2Seq, data: Batch, config: Seq2SeqConfig, progress: bool = F
     """
     generator = torch.Generator().manual_seed(config.seed)
     batches = _epoch_batches(len(data), config.batch_size, generator)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    losses = []
-    model.train()
-    with num_threads(config.num_threads):
-        start = time.perf_counter()
-        steps = training_steps(config)
-        for step in range(steps):
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, config)
-            batch = data.select(next(batches))
-            logits = model(batch.src, batch.src_lengths, batch.tgt_in)  # (B, T, V)
-            loss = sequence_loss(logits, batch.tgt_out)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
-            losses.append(loss.item())
-            if progress and ((step + 1) % config.log_every == 0 or step + 1 == steps):
-                recent = losses[-config.log_every :]
-                print(f"step {step + 1:5d}  loss {sum(recent) / len(recent):.3f}")
-        seconds = time.perf_counter() - start
-    model.eval()
-    record_training(f"{type(model).__name__}, {config.task}, {steps} steps", seconds)
-    return TrainResult(losses=tuple(losses), seconds=seconds, steps=steps)
+
+    def step_loss(step: int) -> torch.Tensor:
+        batch = data.select(next(batches))
+        logits = model(batch.src, batch.src_lengths, batch.tgt_in)  # (B, T, V)
+        return sequence_loss(logits, batch.tgt_out)
+
+    steps = training_steps(config)
+    return fit(model, torch.optim.Adam(model.parameters(), lr=config.lr), step_loss, steps,
+               f"{type(model).__name__}, {config.task}, {steps} steps", lr_at=lambda step: learning_rate(step, config),
+               grad_clip=config.grad_clip, threads=config.num_threads, log_every=config.log_every if progress else 0)
 
 
 def sequence_exact_match(tokens: torch.Tensor, targets: torch.Tensor, pad_id: int = 0) -> torch.Tensor:

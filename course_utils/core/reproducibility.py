@@ -3,13 +3,12 @@
 It fixes everything that would make two runs of a notebook print different
 things: random seeds, the number of CPU threads, print options and the
 figure style. It also says so when the kernel lacks the pinned CPU code paths
-of ``course_utils.portable``, without which the last digits can differ from
+of ``course_utils.core.portable``, without which the last digits can differ from
 the committed outputs.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import sys
@@ -19,9 +18,9 @@ import matplotlib
 import numpy as np
 import torch
 
-from course_utils import portable
+from course_utils.core import portable
 
-MATPLOTLIBRC = Path(__file__).with_name("matplotlibrc")
+MATPLOTLIBRC = Path(__file__).resolve().parents[1] / "matplotlibrc"
 
 
 def setup(seed: int = 0, threads: int = 1, precision: int = 4) -> None:
@@ -76,7 +75,7 @@ def error_bound(error, tol: float = 1e-5) -> str:
 
 
 UNPINNED_NOTE = (
-    "Note: this kernel does not run with the course's pinned CPU settings (course_utils.portable), "
+    "Note: this kernel does not run with the course's pinned CPU settings (course_utils.core.portable), "
     "so trained models and printed floats may differ in their last digits from the committed notebook. "
     "On x86-64 Linux, `make lab` starts a kernel that has them; elsewhere the asserts still hold.")
 
@@ -95,7 +94,7 @@ def _short_check_errors() -> None:
     shell = get_ipython()
     if shell is None:
         return
-    from course_utils.errors import CheckError, InputError
+    from course_utils.core.errors import CheckError, InputError
 
     def show(shell, etype, value, tb, tb_offset=None):  # noqa: ARG001 - IPython's handler signature
         short = [f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}"]

@@ -22,7 +22,7 @@ import nbformat
 from nbconvert import HTMLExporter
 from nbformat.v4 import new_markdown_cell
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
 SITE_DIR = ROOT / "build" / "site"
 MATHJAX_URL = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"  # configs shipped by jupyter-server-mathjax

@@ -23,7 +23,7 @@ from pathlib import Path
 import nbformat
 from nbconvert import SlidesExporter
 
-from course_utils.site import NOTEBOOK_DIR, ROOT, render_offline, syllabus
+from course_utils.tooling.site import NOTEBOOK_DIR, ROOT, render_offline, syllabus
 
 SLIDES_DIR = ROOT / "build" / "slides"
 CACHE_DIR = ROOT / "build" / "cache"

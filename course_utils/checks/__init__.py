@@ -1,0 +1,104 @@
+"""Checks with messages a learner can act on (introduced in notebook 00).
+
+A common core and one module per notebook:
+
+* generic helpers: ``check_tensor`` (type, shape, dtype, NaN), ``check_close``
+  (values, with a list of known mistakes to recognise), ``call`` (runs a
+  learner's function and turns ``None``, ``NotImplementedError`` or any other
+  exception into a short message), ``expect_failure`` (shows a check catching
+  a bug, for the "Common pitfalls" sections);
+* exercise checkers, named after the concept they check
+  (``check_padding_mask``, ``check_pairwise_scores``, ``check_masked_softmax``),
+  each taking the learner's function and raising ``CheckError`` whose message
+  says what was expected, what came back and what to look at.
+
+The core is :mod:`course_utils.checks.core`; the checkers of notebook NN live in
+the module named after its topic (``orientation`` for 00, ``bottleneck`` for
+01, ...). Everything is importable from ``course_utils.checks``. Every
+checker is tested against known-buggy answers in ``tests/test_checks.py``.
+"""
+
+from course_utils.checks.core import (
+    describe,
+    call,
+    check_tensor,
+    check_close,
+    expect_failure,
+    passed,
+)
+from course_utils.checks.bahdanau import (
+    check_additive_scores,
+    check_attend,
+    check_bilinear_scores,
+)
+from course_utils.checks.bottleneck import (
+    check_final_states,
+    check_sequence_exact_match,
+)
+from course_utils.checks.efficiency import (
+    check_online_softmax_update,
+)
+from course_utils.checks.multihead import (
+    check_split_heads,
+    check_merge_heads,
+    check_multi_head_attention,
+)
+from course_utils.checks.orientation import (
+    check_padding_mask,
+    check_pairwise_scores,
+    check_masked_softmax,
+)
+from course_utils.checks.positional import (
+    check_sinusoidal_positional_encoding,
+    check_apply_rotary,
+)
+from course_utils.checks.scaling import (
+    check_attention_entropy,
+    check_scaled_scores,
+)
+from course_utils.checks.self_attention import (
+    WORKED_EXAMPLE_STATEMENTS,
+    check_scaled_dot_product_attention,
+    check_spot_the_error,
+    explain_worked_example,
+    WORKED_EXAMPLE_WRONG,
+)
+from course_utils.checks.transformer import (
+    check_layer_norm,
+    check_residual,
+)
+from course_utils.core.errors import CheckError
+
+
+__all__ = [
+    "CheckError",
+    "call",
+    "check_additive_scores",
+    "check_apply_rotary",
+    "check_attention_entropy",
+    "check_attend",
+    "check_bilinear_scores",
+    "check_close",
+    "check_final_states",
+    "check_sequence_exact_match",
+    "check_sinusoidal_positional_encoding",
+    "check_masked_softmax",
+    "check_merge_heads",
+    "check_multi_head_attention",
+    "check_online_softmax_update",
+    "check_layer_norm",
+    "check_padding_mask",
+    "check_pairwise_scores",
+    "check_residual",
+    "check_scaled_dot_product_attention",
+    "check_scaled_scores",
+    "check_spot_the_error",
+    "check_split_heads",
+    "check_tensor",
+    "WORKED_EXAMPLE_STATEMENTS",
+    "WORKED_EXAMPLE_WRONG",
+    "describe",
+    "expect_failure",
+    "passed",
+    "explain_worked_example",
+]

@@ -1,0 +1,161 @@
+"""Checkers for notebook 05: splitting and merging heads, multi-head attention."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from course_utils.blocks import attention, masks, multihead
+from course_utils.checks.core import call, check_close, describe, passed
+from course_utils.core.errors import CheckError
+
+
+def check_split_heads(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B: int = 2, T: int = 3, H: int = 4,
+                      Dh: int = 5) -> None:
+    """Check a learner's ``split_heads(x, num_heads) -> (B, H, T, Dh)`` (notebook 05, exercise 1).
+
+    Raises:
+        CheckError: Naming the likely bug, in particular a ``view`` straight to
+            the head shape, which scrambles tokens across heads.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    D = H * Dh
+    x = torch.randn(B, T, D, generator=g)
+    x_copy = x.clone()
+    got = call(fn, x, H, name="split_heads", expected=f"a (B, H, T, Dh) = {(B, H, T, Dh)} tensor",
+               error_hint="x.view(B, T, H, Dh) needs D = H * Dh; then .transpose(1, 2)")
+    if not torch.equal(x, x_copy):
+        raise CheckError("split_heads changed x in place: view and transpose return new tensors")
+    expected = multihead.split_heads(x, H)
+    suspects = {
+        "the view went straight to (B, H, T, Dh): that cuts x's memory into blocks of T * Dh numbers, so one "
+        "'head' holds features of several tokens. Split the features of each token first, "
+        "x.view(B, T, H, Dh), then .transpose(1, 2)": x.reshape(B, H, T, Dh),
+        "head h takes every H-th feature (h, h + H, ...): split into contiguous blocks, view(B, T, H, Dh)":
+            x.view(B, T, Dh, H).permute(0, 3, 1, 2),
+    }
+    hints = {
+        (B * H, T, Dh): "keep B and H as two dimensions, (B, H, T, Dh); and a view straight to the head shape "
+                        "mixes tokens: x.view(B, T, H, Dh).transpose(1, 2)",
+        (B, T, H, Dh): "the heads are split but still after the tokens: add .transpose(1, 2) to get (B, H, T, Dh)",
+        (T, B * H, Dh): "a view to (T, B * H, Dh) reinterprets memory and mixes batch elements and positions: "
+                        "x.view(B, T, H, Dh).transpose(1, 2)",
+    }
+    check_close(got, expected, name="the heads", shape="B H T Dh", dims={"B": B, "H": H, "T": T, "Dh": Dh},
+                hints=hints, suspects=suspects, hint="head h of token t must be x[b, t, h*Dh:(h+1)*Dh]")
+    passed("split_heads")
+
+
+def check_merge_heads(fn: Callable[[torch.Tensor], Any], seed: int = 0, B: int = 2, H: int = 4, T: int = 3,
+                      Dh: int = 5) -> None:
+    """Check a learner's ``merge_heads(x) -> (B, T, H * Dh)`` (notebook 05, exercise 2).
+
+    Raises:
+        CheckError: Naming the likely bug, in particular a reshape without the transpose back.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, H, T, Dh, generator=g)
+    x_copy = x.clone()
+    got = call(fn, x, name="merge_heads", expected=f"a (B, T, D) = {(B, T, H * Dh)} tensor",
+               error_hint="after transpose(1, 2) the memory is not contiguous, so .view fails: use .reshape(B, T, D) "
+                          "(or .contiguous().view(B, T, D))")
+    if not torch.equal(x, x_copy):
+        raise CheckError("merge_heads changed x in place: use out-of-place operations")
+    expected = multihead.merge_heads(x)
+    suspects = {
+        "the heads were reshaped to (B, T, D) without transposing back first: that mixes tokens. "
+        "x.transpose(1, 2).reshape(B, T, D)": x.reshape(B, T, H * Dh),
+        "the features are interleaved (head index last): concatenate head blocks, x.transpose(1, 2).reshape(B, T, D)":
+            x.permute(0, 2, 3, 1).reshape(B, T, H * Dh),
+    }
+    hints = {
+        (B, T, H, Dh): "the heads are transposed back but not concatenated: .reshape(B, T, H * Dh)",
+        (B * H, T, Dh): "merge means concatenating the H heads of each token: (B, T, H * Dh)",
+    }
+    check_close(got, expected, name="the merged heads", shape="B T D", dims={"B": B, "T": T, "D": H * Dh},
+                hints=hints, suspects=suspects, hint="out[b, t, h*Dh:(h+1)*Dh] must be x[b, h, t]")
+    passed("merge_heads")
+
+
+def _mha_variant(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, projections: tuple[Any, ...],
+                 H: int, mask: torch.Tensor | None, *, bad_split: bool = False, bad_merge: bool = False,
+                 scale_by_model_width: bool = False, no_out_proj: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-head attention with one chosen mistake (for the checker's suspects)."""
+    q_proj, k_proj, v_proj, out_proj = projections
+    B, T, D = query.shape
+    Dh = D // H
+
+    def split(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(B, H, x.shape[1], Dh) if bad_split else multihead.split_heads(x, H)
+
+    q, k, v = split(q_proj(query)), split(k_proj(key)), split(v_proj(value))
+    context, weights = attention.scaled_dot_product_attention(q, k, v, mask, D**-0.5 if scale_by_model_width else None)
+    merged = context.reshape(B, T, D) if (bad_merge or bad_split) else multihead.merge_heads(context)
+    return (merged if no_out_proj else out_proj(merged)), weights
+
+
+def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2, T: int = 3, S: int = 4,
+                               D: int = 12, H: int = 3) -> None:
+    """Check a learner's ``multi_head_attention(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads, mask)``.
+
+    Notebook 05, exercise 3. Two calls: self-attention without a mask, and
+    cross-attention (S != T) with a padding mask of shape (B, 1, 1, S).
+
+    Raises:
+        CheckError: Naming the likely bug: the wrong split, a merge without
+            the transpose, a scale by sqrt(D) instead of sqrt(Dh), a missing
+            output projection, averaged weights.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    torch_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    projections = tuple(torch.nn.Linear(D, D) for _ in range(4))
+    torch.random.set_rng_state(torch_state)
+    x = torch.randn(B, T, D, generator=g)
+    memory = torch.randn(B, S, D, generator=g)
+    lengths = torch.full((B,), S)
+    lengths[-1] = S - 1
+    pad = masks.padding_mask(lengths, S)[:, None]  # (B, 1, 1, S)
+    Dh = D // H
+    for label, (query, key, value, mask) in [("self-attention", (x, x, x, None)),
+                                             ("cross-attention with a padding mask", (x, memory, memory, pad))]:
+        Tq, Sk = query.shape[1], key.shape[1]
+        with torch.no_grad():
+            got = call(fn, query, key, value, *projections, H, mask, name="multi_head_attention",
+                       expected=f"a tuple (out (B, T, D) = {(B, Tq, D)}, weights (B, H, T, S) = {(B, H, Tq, Sk)})",
+                       error_hint="split with .view(B, length, H, Dh).transpose(1, 2); key and value may be longer "
+                                  "than query, so take their length from their own shape")
+            expected_out, expected_weights = multihead.multi_head_attention(query, key, value, *projections, H, mask)
+            variants = {
+                "the heads were split with a view straight to (B, H, T, Dh), which scrambles tokens across heads: "
+                "view(B, T, H, Dh).transpose(1, 2)": _mha_variant(query, key, value, projections, H, mask, bad_split=True),
+                "the heads were merged with a reshape to (B, T, D) without transposing back: "
+                "context.transpose(1, 2).reshape(B, T, D)": _mha_variant(query, key, value, projections, H, mask,
+                                                                          bad_merge=True),
+                f"the scores were scaled by sqrt(D) = sqrt({D}), the model width; each head's dot product sums over "
+                f"Dh = {Dh} numbers: scale by sqrt(Dh)": _mha_variant(query, key, value, projections, H, mask,
+                                                                      scale_by_model_width=True),
+                "the output projection is missing: apply out_proj to the merged heads": _mha_variant(
+                    query, key, value, projections, H, mask, no_out_proj=True),
+                "the mask was ignored: padded keys get weight": _mha_variant(query, key, value, projections, H, None),
+            }
+        if not isinstance(got, tuple) or len(got) != 2:
+            raise CheckError(f"{label}: expected a tuple (out, weights), got {describe(got)}")
+        out, weights = got
+        if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, Tq, Sk):
+            raise CheckError(f"{label}: the weights are averaged over the heads, (B, T, S); return one pattern per "
+                             "head, (B, H, T, S) (nn.MultiheadAttention averages them unless average_attn_weights=False)")
+        check_close(weights, expected_weights, name=f"weights ({label})", shape="B H T S",
+                    dims={"B": B, "H": H, "T": Tq, "S": Sk}, suspects={m: w for m, (_, w) in variants.items()},
+                    hints={(B, 1, Tq, Sk): "only one head: split the projections into H heads of width Dh = D // H"},
+                    hint="each head's weights are softmax(q_h k_h^T / sqrt(Dh)) over the allowed keys")
+        check_close(out, expected_out, name=f"out ({label})", shape="B T D", dims={"B": B, "T": Tq, "D": D},
+                    suspects={m: o for m, (o, _) in variants.items()},
+                    hints={(B, H, Tq, Dh): "the heads are not merged: transpose(1, 2).reshape(B, T, D), then out_proj"},
+                    hint="out = out_proj(merge_heads(weights @ v))")
+    passed("multi_head_attention")

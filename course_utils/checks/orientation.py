@@ -1,0 +1,138 @@
+"""Checkers for notebook 00: padding masks, pairwise scores, a masked softmax."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from course_utils.blocks import attention, masks
+from course_utils.checks.core import call, check_close, check_tensor, passed
+from course_utils.core.errors import CheckError
+
+
+def check_padding_mask(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B: int = 4, S: int = 6) -> None:
+    """Check a learner's ``padding_mask(lengths, S) -> (B, 1, S) bool`` (notebook 00, exercise 1).
+
+    Raises:
+        CheckError: Naming the likely bug.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, S + 1, (B,), generator=g)
+    lengths[0] = S  # one full-length sequence
+    lengths[-1] = 1  # and a very short one
+    if B > 2:
+        lengths[1] = 0  # and an empty one
+    lengths_copy = lengths.clone()
+    got = call(fn, lengths, S, name="padding_mask", expected="a (B, 1, S) bool tensor")
+    if not torch.equal(lengths, lengths_copy):
+        raise CheckError("padding_mask changed `lengths` in place: build a new tensor instead")
+    dims = {"B": B, "S": S}
+    expected = masks.padding_mask(lengths, S)
+    hints = {
+        (B, S): "the query axis is missing: index with [:, None, :] (or unsqueeze(1)) so the mask broadcasts against (B, T, S) scores",
+        (B, S, 1): "the singleton axis is in the wrong place: the mask must be (B, 1, S) to broadcast over the T queries",
+        (S, B): "rows and columns are swapped: compare positions[None, :] with lengths[:, None]",
+    }
+    got_t = check_tensor(got, name="the mask", shape="B 1 S", dims={**dims, "1": 1}, hints=hints)
+    if got_t.dtype != torch.bool:
+        raise CheckError(
+            f"expected a bool mask, got dtype {got_t.dtype}: a comparison such as `positions < lengths` already "
+            "gives bool; masked_fill and torch.where need bool"
+        )
+    positions = torch.arange(S)
+    suspects = {
+        "True marks the padding here; in this course True = may attend (a real token)": ~expected,
+        "off by one: position j is real when j < length, not j <= length": (positions[None, :] <= lengths[:, None])[:, None, :],
+        "off by one: position j is real when j < length, not j < length - 1": (positions[None, :] < lengths[:, None] - 1)[:, None, :],
+    }
+    check_close(got_t.float(), expected.float(), name="the mask", shape="B 1 S", dims={**dims, "1": 1},
+                suspects={k: v.float() for k, v in suspects.items()},
+                hint="position j of sequence b is real exactly when j < lengths[b]")
+    passed("padding_mask")
+
+
+def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
+                          B: int = 2, T: int = 4, S: int = 6, D: int = 3) -> None:
+    """Check a learner's ``pairwise_scores(q, k) -> (B, T, S)`` (notebook 00, exercise 2).
+
+    Raises:
+        CheckError: Naming the likely bug.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, D, generator=g)
+    k = torch.randn(B, S, D, generator=g)
+    q_copy, k_copy = q.clone(), k.clone()
+    got = call(fn, q, k, name="pairwise_scores", expected=f"scores of shape (B, T, S) = {(B, T, S)}")
+    if not (torch.equal(q, q_copy) and torch.equal(k, k_copy)):
+        raise CheckError("pairwise_scores changed q or k in place: use out-of-place operations")
+    dims = {"B": B, "T": T, "S": S, "D": D}
+    expected = attention.pairwise_scores(q, k)
+    hints = {
+        (B, S, T): "did you compute k @ q^T? Queries index the rows: q @ k.transpose(-2, -1)",
+        (B, T, D): "that is the shape of q: the dot product must sum over D, leaving one score per (query, key) pair",
+        (B, T, S, D): "the products were not summed over D: add .sum(-1), or use q @ k.transpose(-2, -1)",
+        (T, S): "the batch dimension is gone: keep B, e.g. with q @ k.transpose(-2, -1) (batched matmul)",
+    }
+    suspects = {
+        "only the first batch element is right: loop over (or broadcast across) every batch element":
+            expected[:1].expand_as(expected),
+        "the scores are divided by √D: this exercise asks for the plain dot product (the scaling comes in notebook 04)":
+            expected / D**0.5,
+    }
+    check_close(got, expected, name="scores", shape="B T S", dims=dims, hints=hints, suspects=suspects,
+                hint="scores[b, i, j] must be the dot product of query i and key j of batch element b")
+    passed("pairwise_scores")
+
+
+def check_masked_softmax(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
+                         B: int = 3, T: int = 4, S: int = 5) -> None:
+    """Check a learner's ``masked_softmax(scores, mask) -> weights`` (notebook 00, exercise 3).
+
+    ``mask`` is (B, 1, S) bool, True = may attend; a row with no allowed key
+    must come back as zeros, not NaN.
+
+    Raises:
+        CheckError: Naming the likely bug.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    scores = 2 * torch.randn(B, T, S, generator=g)
+    lengths = torch.tensor([S, S - 2, 0][:B] + [S] * max(0, B - 3))  # full, padded, and fully masked
+    mask = masks.padding_mask(lengths, S)  # (B, 1, S)
+    scores_copy = scores.clone()
+    got = call(fn, scores, mask, name="masked_softmax", expected=f"weights of shape (B, T, S) = {(B, T, S)}")
+    if not torch.equal(scores, scores_copy):
+        raise CheckError(
+            "masked_softmax changed `scores` in place (e.g. masked_fill_ with a trailing underscore): "
+            "use scores.masked_fill(...), which returns a new tensor"
+        )
+    dims = {"B": B, "T": T, "S": S}
+    expected = attention.masked_softmax(scores, mask)
+    if isinstance(got, torch.Tensor) and tuple(got.shape) == (B, T, S) and got.is_floating_point():
+        nan_rows = torch.isnan(got).any(-1)  # (B, T)
+        if nan_rows.any() and not torch.isnan(got[lengths > 0]).any():
+            raise CheckError(
+                "the rows of the sequence whose keys are all masked are NaN: softmax over only -inf is 0/0. "
+                "Set the weights of rows with no allowed key to 0 (e.g. masked_fill where mask.any(-1) is False)"
+            )
+    plain = torch.softmax(scores, dim=-1)
+    filled_zero = torch.softmax(scores.masked_fill(~mask, 0.0), dim=-1)
+    suspects = {
+        "the softmax ran over the queries (dim=-2), so columns sum to 1; it must run over the keys, dim=-1":
+            torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-2).nan_to_num(0.0),
+        "the mask was ignored: padded keys still get weight": plain,
+        "the mask is inverted: True means may attend, so fill the scores where ~mask": attention.masked_softmax(scores, ~mask),
+        "masked scores were set to 0, which still gets weight exp(0): fill them with -inf": filled_zero,
+        "the weights were zeroed after the softmax, so rows no longer sum to 1: mask the scores before the softmax":
+            plain * mask,
+        "rows with no allowed key must be all zeros (this one is uniform)":
+            torch.where(mask.any(-1, keepdim=True), expected, torch.full_like(expected, 1.0 / S)),
+    }
+    check_close(got, expected, name="weights", shape="B T S", dims=dims, suspects=suspects,
+                hints={(B, 1, S): "the T queries are gone: keep scores' shape, the mask broadcasts over T"},
+                hint="each row must be a softmax over the allowed keys (True in the mask) and 0 elsewhere")
+    passed("masked_softmax")

@@ -1,0 +1,194 @@
+"""Checkers for notebook 03: scaled dot-product attention, the worked example."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from course_utils.blocks import attention, masks
+from course_utils.checks.core import call, check_close, describe, passed
+from course_utils.core.errors import CheckError
+
+
+def _sdpa_suspects(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   mask: torch.Tensor | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Known mistakes in scaled dot-product attention: {message: (out, weights) that mistake gives}."""
+    Dk, Dv, T, S = q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2]
+    raw = q @ k.transpose(-2, -1)  # (..., T, S)
+    full = torch.ones(T, S, dtype=torch.bool) if mask is None else mask
+
+    def attend(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return weights @ v, weights
+
+    suspects = {
+        "the scores were not scaled: divide q·k by sqrt(Dk) = sqrt(q.shape[-1])":
+            attend(attention.masked_softmax(raw, mask)),
+        f"the scores were divided by Dk = {Dk}, not by its square root: the standard deviation of q·k is sqrt(Dk)":
+            attend(attention.masked_softmax(raw / Dk, mask)),
+        f"the scores were scaled by sqrt(Dv) = sqrt({Dv}): the scale uses the key width Dk = q.shape[-1], the "
+        "width the dot product sums over": attend(attention.masked_softmax(raw / Dv**0.5, mask)),
+        f"the scores were scaled by sqrt(S) = sqrt({S}), the number of keys: the scale uses the key width "
+        "Dk = q.shape[-1]": attend(attention.masked_softmax(raw / S**0.5, mask)),
+        f"the scores were scaled by sqrt(T) = sqrt({T}), the number of queries: the scale uses the key width "
+        "Dk = q.shape[-1]": attend(attention.masked_softmax(raw / T**0.5, mask)),
+        "the scores were multiplied by sqrt(Dk) instead of divided": attend(attention.masked_softmax(raw * Dk**0.5, mask)),
+        "the softmax ran over the queries (dim=-2): each query's weights must sum to 1 over the keys, dim=-1":
+            attend(torch.softmax((raw / Dk**0.5).masked_fill(~full, float("-inf")), dim=-2).nan_to_num(0.0)),
+        "each score went through a sigmoid (or exp) on its own: the weights must be a softmax, normalised over "
+        "all keys of one query so that every row sums to 1":
+            attend(torch.sigmoid(raw / Dk**0.5) * full),
+        "the weights are exp(scores) without the division by their row sum: normalise over the keys":
+            attend(torch.exp(raw / Dk**0.5) * full),
+    }
+    if mask is not None:
+        suspects.update({
+            "the mask was ignored: masked keys still get weight": attend(torch.softmax(raw / Dk**0.5, dim=-1)),
+            "the mask is inverted: True = may attend, so fill the scores where ~mask with -inf":
+                attend(attention.masked_softmax(raw / Dk**0.5, ~mask)),
+            "masked scores were set to 0, which still gets weight exp(0): fill them with -inf":
+                attend(torch.softmax((raw / Dk**0.5).masked_fill(~mask, 0.0), dim=-1)),
+            "the weights were masked after the softmax, so rows no longer sum to 1: mask the scores before it":
+                attend(torch.softmax(raw / Dk**0.5, dim=-1) * mask),
+        })
+    return suspects
+
+
+def check_scaled_dot_product_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2, H: int = 3, T: int = 4,
+                                       S: int = 5, Dk: int = 6, Dv: int = 7) -> None:
+    """Check a learner's ``scaled_dot_product_attention(q, k, v, mask=None, scale=None) -> (out, weights)``.
+
+    Notebook 03, exercise 1. Inputs are (B, H, T, Dk), (B, H, S, Dk), (B, H, S, Dv)
+    with all sizes different, so a transposed product or a scale by the wrong
+    dimension cannot pass by accident. Four calls: no mask; a padding-and-causal
+    mask; a mask with a fully masked row (zeros expected, not NaN); an explicit
+    ``scale``.
+
+    Raises:
+        CheckError: Naming the likely bug.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    q = 1.5 * torch.randn(B, H, T, Dk, generator=g)
+    k = 1.5 * torch.randn(B, H, S, Dk, generator=g)
+    v = torch.randn(B, H, S, Dv, generator=g)
+    dims = {"B": B, "H": H, "T": T, "S": S, "Dv": Dv}
+    lengths = torch.full((B,), S)
+    lengths[-1] = max(1, S - 2)
+    mask = masks.padding_mask(lengths, S)[:, None] & masks.causal_mask(T, S)  # (B, 1, 1, S) & (T, S) -> (B, 1, T, S)
+    mask[..., 0] = True  # every query may attend to key 0
+    empty = mask.clone()
+    empty[0, 0, 1] = False  # query 1 of sequence 0 may attend to nothing
+    cases = [("without a mask", (q, k, v), None), ("with a mask", (q, k, v, mask), mask),
+             ("with a query whose keys are all masked", (q, k, v, empty), empty)]
+    expected_scale = 0.5
+    cases.append((f"with scale={expected_scale}", (q, k, v, None, expected_scale), None))
+    copies = (q.clone(), k.clone(), v.clone(), mask.clone())
+    for label, args, case_mask in cases:
+        got = call(fn, *args, name="scaled_dot_product_attention",
+                   expected=f"a tuple (out (B, H, T, Dv) = {(B, H, T, Dv)}, weights (B, H, T, S) = {(B, H, T, S)})",
+                   error_hint="q @ k.transpose(-2, -1) multiplies the last two dimensions; the mask must be bool "
+                              "and broadcast to (..., T, S)")
+        if not all(torch.equal(a, b) for a, b in zip((q, k, v, mask), copies)):
+            raise CheckError("scaled_dot_product_attention changed an input in place (e.g. masked_fill_ with a "
+                             "trailing underscore): use out-of-place operations")
+        if not isinstance(got, tuple) or len(got) != 2:
+            raise CheckError(f"{label}: expected a tuple (out, weights), got {describe(got)}: return out, weights")
+        out, weights = got
+        if (isinstance(out, torch.Tensor) and tuple(out.shape) == (B, H, T, S)
+                and isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, H, T, Dv)):
+            raise CheckError(f"{label}: out and weights came back in the wrong order: return (out, weights)")
+        scale = args[4] if len(args) > 4 else None
+        expected_out, expected_weights = attention.scaled_dot_product_attention(q, k, v, case_mask, scale)
+        if (label.startswith("with a query") and isinstance(weights, torch.Tensor)
+                and tuple(weights.shape) == (B, H, T, S) and torch.isnan(weights[0, :, 1]).any()):
+            raise CheckError(
+                f"{label}: that query's weights are NaN (a softmax over only -inf is 0/0). Give a query with no "
+                "allowed key zero weights: e.g. the masked_softmax of notebook 00"
+            )
+        if scale is not None:
+            suspects = {"the `scale` argument was ignored: use it when it is given, 1/sqrt(Dk) only when it is None":
+                        attention.scaled_dot_product_attention(q, k, v, None)}
+        else:
+            suspects = _sdpa_suspects(q, k, v, case_mask)
+        hints = {
+            (B, H, S, T): "the weights are (..., S, T): did you compute k @ q^T? Queries index the rows: "
+                          "q @ k.transpose(-2, -1)",
+            (B, H, T, Dk): "this has the width of q: did you multiply q by the weights instead of the values?",
+            (B, H, T): "one number per query: the weights keep one entry per key, (..., T, S)",
+        }
+        check_close(weights, expected_weights, name=f"weights ({label})", shape="B H T S", dims=dims, hints=hints,
+                    suspects={m: w for m, (_, w) in suspects.items()},
+                    hint="weights = softmax over the keys of (q @ k^T) * scale, with -inf where the mask is False")
+        check_close(out, expected_out, name=f"out ({label})", shape="B H T Dv", dims=dims,
+                    suspects={"out is the unweighted sum of the values: multiply by the weights": (
+                        v.sum(-2, keepdim=True).expand(B, H, T, Dv)),
+                        "out averages the values uniformly: weight them by the attention weights": (
+                        v.mean(-2, keepdim=True).expand(B, H, T, Dv))},
+                    hints={(B, H, S, Dv): "out has one row per key: it needs one per query, weights @ v",
+                           (B, H, T, S): "that is the shape of the weights: out = weights @ v"},
+                    hint="out = weights @ v, one weighted average of the values per query")
+    passed("scaled_dot_product_attention")
+
+
+# The "spot the error" exercise of notebook 03: statements about a worked example
+# (3 tokens, D = 4 features, Dk = Dv = 3), some right and some wrong.
+WORKED_EXAMPLE_STATEMENTS: dict[int, str] = {
+    1: "W_Q has shape 3 × 4: one row for each of the 3 query features.",
+    2: "q_1 = x_1 W_Q is a vector of 3 numbers.",
+    3: "The score of key j for query i is s_ij = q_i · k_j.",
+    4: "The weight of key j for query i is w_ij = 1 / (1 + exp(-s_ij)), so every weight lies between 0 and 1.",
+    5: "The scores are divided by √4 = 2, because each token has D = 4 features.",
+    6: "The output for token i is z_i = Σ_j w_ij v_i.",
+    7: "Each row of the 3 × 3 weight matrix sums to 1.",
+    8: "Without a mask, the output z_1 depends on all three tokens.",
+}
+_STATEMENT_FEEDBACK: dict[int, str] = {
+    1: "x_1 has 4 entries and q_1 has 3, so x_1 W_Q needs W_Q of shape 4 × 3 (D × Dk)",
+    2: "a (4,) row times a 4 × 3 matrix is a (3,) vector",
+    3: "one score per (query i, key j) pair",
+    4: "a sigmoid treats each score alone; the weights of one query must be a softmax over all its keys, "
+       "so that they sum to 1",
+    5: "the scale is √Dk, the width of a key (3 here), not the number of features of a token",
+    6: "z_i mixes the values of all tokens j: Σ_j w_ij v_j",
+    7: "the softmax runs over the keys of each query, so each row sums to 1",
+    8: "every weight of a softmax is positive, so every value contributes",
+}
+WORKED_EXAMPLE_WRONG = frozenset({1, 4, 5, 6})
+
+
+def check_spot_the_error(answer: Any) -> None:
+    """Check the set of wrong statement numbers of notebook 03's "spot the error" exercise.
+
+    Raises:
+        CheckError: Saying which statements were judged wrongly, and what to look at.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    if answer is None:
+        raise CheckError("expected a set of statement numbers, e.g. {2, 3}, got None: assign the set to `spot_the_error`")
+    if isinstance(answer, (int, str)) or not hasattr(answer, "__iter__"):
+        raise CheckError(f"expected a set of statement numbers, e.g. {{2, 3}}, got {describe(answer)}")
+    items = list(answer)
+    numbers = set()
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int) or item not in WORKED_EXAMPLE_STATEMENTS:
+            raise CheckError(f"{item!r} is not a statement number: use the integers 1 to "
+                             f"{len(WORKED_EXAMPLE_STATEMENTS)}")
+        numbers.add(item)
+    missed = sorted(WORKED_EXAMPLE_WRONG - numbers)
+    flagged_right = sorted(numbers - WORKED_EXAMPLE_WRONG)
+    if missed or flagged_right:
+        lines = [f"statement {n} is wrong too; look again: it says \"{WORKED_EXAMPLE_STATEMENTS[n]}\"" for n in missed]
+        lines += [f"statement {n} is right: {_STATEMENT_FEEDBACK[n]}" for n in flagged_right]
+        raise CheckError(f"{len(numbers & WORKED_EXAMPLE_WRONG)} of the {len(WORKED_EXAMPLE_WRONG)} wrong statements "
+                         "found\n  " + "\n  ".join(lines))
+    passed("spot the error")
+
+
+def explain_worked_example() -> str:
+    """What is right or wrong in each statement of the worked example, as markdown (for after the exercise)."""
+    return "\n".join(
+        f"{n}. {'**wrong**' if n in WORKED_EXAMPLE_WRONG else 'right'}: {_STATEMENT_FEEDBACK[n]}."
+        for n in WORKED_EXAMPLE_STATEMENTS
+    )
