@@ -9,6 +9,7 @@ import-linter to report the broken contract.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -66,3 +67,11 @@ def test_no_module_is_longer_than_500_lines():
     long = {str(p.relative_to(ROOT)): n for p in (ROOT / "course_utils").rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
     assert not long, f"split these modules (over 500 lines): {long}"
+
+
+def test_no_notebook_imports_the_tooling():
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        code = "\n".join("".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+                         if c["cell_type"] == "code")
+        assert "course_utils.tooling" not in code and "from course_utils import tooling" not in code, \
+            f"{path.name} imports course_utils.tooling: the course's tools are not for notebooks"
