@@ -1,4 +1,7 @@
-"""Training loop, exact-match evaluation and the one-call length experiment.
+"""The seq2seq experiment of notebooks 01, 02 and 07.
+
+Training through :func:`course_utils.experiments.loop.fit`, exact-match
+evaluation, and the one-call length experiment.
 
 Typical use in a notebook::
 
