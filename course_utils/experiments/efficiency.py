@@ -26,8 +26,8 @@ from course_utils.blocks.attention import scaled_dot_product_attention
 from course_utils.core.errors import InputError
 
 
-def time_call(fn: Callable[[], Any], repeats: int = 5, min_seconds: float = 0.02) -> float:
-    """The fastest of ``repeats`` measurements of ``fn()``'s wall time, in seconds, after one warm-up call.
+def time_call(fn: Callable[[], Any], repeats: int = 5, min_seconds: float = 0.02, warmup: bool = True) -> float:
+    """The fastest of ``repeats`` measurements of ``fn()``'s wall time, in seconds, after one warm-up call (if ``warmup``).
 
     Each measurement repeats ``fn`` until at least ``min_seconds`` have passed,
     so that very fast calls are not dominated by the timer. The minimum, not
@@ -35,7 +35,8 @@ def time_call(fn: Callable[[], Any], repeats: int = 5, min_seconds: float = 0.02
     make a measurement slower, so the fastest one is the closest to the cost
     of ``fn`` itself, and it holds still when the machine is busy.
     """
-    fn()
+    if warmup:
+        fn()
     times = []
     for _ in range(repeats):
         calls, start = 0, time.perf_counter()
@@ -90,7 +91,10 @@ def time_layers(ns: list[int], d: int, batch_size: int = 1, repeats: int = 5, se
         ns: Sequence lengths.
         d: Width of both layers.
         batch_size: Sequences per forward pass.
-        repeats: Measurements per point (the fastest is kept).
+        repeats: Rounds over all lengths; each round measures every point once and the
+            fastest of the rounds is kept. Interleaving the rounds spreads each point's
+            measurements over the whole sweep, so a slow spell of the machine (another
+            program, a frequency change) cannot spoil every measurement of one point.
         seed: Seed for the weights and inputs.
 
     Returns:
@@ -100,13 +104,18 @@ def time_layers(ns: list[int], d: int, batch_size: int = 1, repeats: int = 5, se
     attention, recurrent = SelfAttentionLayer(d).eval(), nn.RNN(d, d, batch_first=True).eval()
     fused = SelfAttentionLayer(d, fused=True).eval()
     fused.load_state_dict(attention.state_dict())
-    t_att, t_fused, t_rnn = [], [], []
+    layers = {"attention": attention, "fused": fused, "recurrent": recurrent}
+    inputs = [torch.randn(batch_size, n, d) for n in ns]
+    best = {name: [math.inf] * len(ns) for name in layers}
     with torch.no_grad():
-        for n in ns:
-            x = torch.randn(batch_size, n, d)
-            t_att.append(time_call(lambda: attention(x), repeats))
-            t_fused.append(time_call(lambda: fused(x), repeats))
-            t_rnn.append(time_call(lambda: recurrent(x), repeats))
+        for x in inputs:  # warm-up: load the kernels and allocate once before measuring
+            for layer in layers.values():
+                layer(x)
+        for _ in range(repeats):  # each round measures every point once, so a slow spell cannot hit all of one point
+            for i, x in enumerate(inputs):
+                for name, layer in layers.items():
+                    best[name][i] = min(best[name][i], time_call(lambda: layer(x), repeats=1, warmup=False))
+    t_att, t_fused, t_rnn = best["attention"], best["fused"], best["recurrent"]
     return LayerTimes(ns=list(ns), d=d, attention=t_att, fused=t_fused, recurrent=t_rnn)
 
 
@@ -118,6 +127,8 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
     exp(score - m) l, and the running sum of exp(score - m) * value acc. When
     a block raises the maximum, the old sums are rescaled by exp(m_old - m_new).
     After the last block, ``acc / l`` is exactly softmax(all scores) @ all values.
+    A block whose scores are all -inf (masked) for a row that has no finite score
+    yet leaves that row at m = -inf, l = 0, acc = 0 instead of producing NaN.
 
     Args:
         m: (..., T, 1) running maximum (start: -inf).
@@ -130,8 +141,9 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
         The updated (m, l, acc), same shapes.
     """
     m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))  # (..., T, 1)
-    correction = torch.exp(m - m_new)  # (..., T, 1): rescales what was summed with the old maximum
-    p = torch.exp(scores - m_new)  # (..., T, Bk)
+    shift = m_new.masked_fill(m_new == float("-inf"), 0.0)  # rows with no finite score yet (fully masked): shift by 0
+    correction = torch.exp(m - shift)  # (..., T, 1): rescales what was summed with the old maximum
+    p = torch.exp(scores - shift)  # (..., T, Bk)
     l_new = l * correction + p.sum(dim=-1, keepdim=True)  # (..., T, 1)
     acc_new = acc * correction + p @ v  # (..., T, Dv) + (..., T, Bk) @ (..., Bk, Dv)
     return m_new, l_new, acc_new
@@ -162,21 +174,44 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_siz
 
 
 _MEMORY_SCRIPT = r"""
-import json, os, re, resource, sys
+import json, os, re, sys
 import torch
 from course_utils.blocks.attention import scaled_dot_product_attention
 from course_utils.experiments.efficiency import tiled_attention
 
 
+def _windows_counters():
+    import ctypes
+    from ctypes import wintypes
+
+    class Counters(ctypes.Structure):  # PROCESS_MEMORY_COUNTERS (psapi.h)
+        _fields_ = [("cb", wintypes.DWORD), ("PageFaultCount", wintypes.DWORD)] + [
+            (name, ctypes.c_size_t) for name in ("PeakWorkingSetSize", "WorkingSetSize", "QuotaPeakPagedPoolUsage",
+                                                 "QuotaPagedPoolUsage", "QuotaPeakNonPagedPoolUsage",
+                                                 "QuotaNonPagedPoolUsage", "PagefileUsage", "PeakPagefileUsage")]
+
+    counters = Counters()
+    counters.cb = ctypes.sizeof(counters)
+    ctypes.windll.psapi.GetProcessMemoryInfo(ctypes.windll.kernel32.GetCurrentProcess(), ctypes.byref(counters),
+                                             counters.cb)
+    return counters
+
+
 def peak_kb():
     if os.path.exists("/proc/self/status"):  # Linux: the high-water mark, reset below
         return int(re.search(r"VmHWM:\s+(\d+) kB", open("/proc/self/status").read()).group(1))
+    if sys.platform == "win32":  # the peak working set; it only grows
+        return _windows_counters().PeakWorkingSetSize // 1024
+    import resource  # macOS and other Unix systems: the maximum resident set size; it only grows
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
 
 
 def current_kb():
     if os.path.exists("/proc/self/status"):
         return int(re.search(r"VmRSS:\s+(\d+) kB", open("/proc/self/status").read()).group(1))
+    if sys.platform == "win32":
+        return _windows_counters().WorkingSetSize // 1024
     return peak_kb()
 
 
@@ -213,8 +248,9 @@ def peak_memory_curve(kind: str, ns: Sequence[int], d: int, block_size: int = 25
 
     On Linux the process's high-water mark of resident memory is reset just
     before each call (``/proc/self/clear_refs``) and read after it (``VmHWM``);
-    elsewhere the maximum resident set size (``resource.getrusage``) is used,
-    which only grows, so give the lengths in increasing order. The
+    on Windows the peak working set (``GetProcessMemoryInfo``), and elsewhere
+    the maximum resident set size (``resource.getrusage``); these only grow,
+    so give the lengths in increasing order. The
     difference from the resident size before the call is what the call
     needed at its peak.
 
