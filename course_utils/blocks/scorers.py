@@ -19,7 +19,7 @@ ScoreKind = Literal["additive", "concat", "dot", "bilinear"]
 
 
 def additive_scores(q_proj: torch.Tensor, k_proj: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Bahdanau's additive scores ``e_j = v^T tanh(W_q s + W_k h_j)`` (notebook 02, exercise 1).
+    """Bahdanau's additive scores ``e_j = v^T tanh(W_q s + W_k h_j + b)`` (notebook 02, exercise 1).
 
     The projections are applied by the caller (``W_k h`` once per sequence);
     this is the part that compares one query with every source position.
