@@ -146,6 +146,10 @@ SCORE_BUGS = [
     (lambda q, k: q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, "divided by √D"),
     (lambda q, k: q @ k, "pairwise_scores raised RuntimeError"),
     (_inplace_scores, "changed q or k in place"),
+    # right for (B, T, D) inputs, wrong once a head axis is added
+    (lambda q, k: q @ k.transpose(1, 2), "any number of leading (batch) axes"),
+    (lambda q, k: torch.einsum("btd,bsd->bts", q, k), "any number of leading (batch) axes"),
+    (lambda q, k: q @ k.permute(0, 2, 1), "any number of leading (batch) axes"),
 ]
 
 

@@ -20,7 +20,8 @@ import course_utils
 
 from conftest import NOTEBOOKS
 
-SECTIONS = ["## Learning objectives", "## Setup", "## Notation", "## Common pitfalls", "## Exercises",
+# Pitfalls come after the exercises, so that they give no answer away.
+SECTIONS = ["## Learning objectives", "## Setup", "## Notation", "## Exercises", "## Common pitfalls",
             "## Summary", "## Further reading"]
 MACHINE_PATH = re.compile(r"(/(root|tmp|work|home|Users|private/var)/|[A-Z]:\\\\)")
 ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")

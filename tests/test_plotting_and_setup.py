@@ -61,8 +61,24 @@ def test_show_attention_follows_the_heatmap_conventions():
     assert [t.get_text() for t in heat.get_yticklabels()] == list("abc")  # queries on y
     assert [t.get_text() for t in heat.get_xticklabels()] == list("vwxyz")  # keys on x
     assert heat.get_title() == "t"
-    assert colourbar.get_ylabel() == "weight"
+    assert colourbar.get_ylabel() == "attention weight"
     np.testing.assert_allclose(image.get_array(), weights[0].numpy())
+
+
+def test_show_attention_hatches_masked_cells_and_annotates_only_the_others():
+    weights = torch.tensor([[1.0, 0.0, 0.0], [0.4, 0.6, 0.0]])
+    causal = torch.tril(torch.ones(2, 3, dtype=torch.bool))
+    fig = show_attention(weights, mask=causal)
+    heat = fig.axes[0]
+    hatched = sorted((round(p.get_x() + 0.5), round(p.get_y() + 0.5)) for p in heat.patches if p.get_hatch())
+    assert hatched == [(1, 0), (2, 0), (2, 1)]  # (key j, query i) where the mask is False
+    assert sorted(t.get_text() for t in heat.texts) == ["0.40", "0.60", "1.00"]
+    padding = show_attention(weights, mask=torch.tensor([[True, True, False]]))  # (1, S) broadcasts over queries
+    assert len([p for p in padding.axes[0].patches if p.get_hatch()]) == 2
+    with pytest.raises(ValueError, match="must be boolean"):
+        show_attention(weights, mask=causal.float())
+    with pytest.raises(ValueError, match=r"does not broadcast to the weights' \(T, S\) = \(2, 3\)"):
+        show_attention(weights, mask=torch.ones(3, 3, dtype=torch.bool))
 
 
 def test_show_attention_draws_into_a_given_axes():

@@ -56,7 +56,10 @@ def check_padding_mask(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B:
 
 def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
                           B: int = 2, T: int = 4, S: int = 6, D: int = 3) -> None:
-    """Check a learner's ``pairwise_scores(q, k) -> (B, T, S)`` (notebook 00, exercise 2).
+    """Check a learner's ``pairwise_scores(q, k) -> (..., T, S)`` (notebook 00, exercise 2).
+
+    Tried on (B, T, D) and (B, S, D) inputs, then on (B, H, T, D) and
+    (B, H, S, D) inputs with a head axis.
 
     Raises:
         CheckError: Naming the likely bug.
@@ -66,7 +69,9 @@ def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed:
     q = torch.randn(B, T, D, generator=g)
     k = torch.randn(B, S, D, generator=g)
     q_copy, k_copy = q.clone(), k.clone()
-    got = call(fn, q, k, name="pairwise_scores", expected=f"scores of shape (B, T, S) = {(B, T, S)}")
+    got = call(fn, q, k, name="pairwise_scores", expected=f"scores of shape (B, T, S) = {(B, T, S)}",
+               error_hint="the shapes do not line up for a batched product: `@` needs (..., T, D) @ (..., D, S). "
+                          "Note that k.T on a 3-D tensor reverses all three axes")
     if not (torch.equal(q, q_copy) and torch.equal(k, k_copy)):
         raise CheckError("pairwise_scores changed q or k in place: use out-of-place operations")
     dims = {"B": B, "T": T, "S": S, "D": D}
@@ -85,6 +90,23 @@ def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed:
     }
     check_close(got, expected, name="scores", shape="B T S", dims=dims, hints=hints, suspects=suspects,
                 hint="scores[b, i, j] must be the dot product of query i and key j of batch element b")
+    # The same function must serve multi-head attention: (B, H, T, D) queries against (B, H, S, D) keys.
+    H = 3 if 3 not in (B, T, S, D) else 5
+    q4 = torch.randn(B, H, T, D, generator=g)
+    k4 = torch.randn(B, H, S, D, generator=g)
+    got4 = call(fn, q4, k4, name="pairwise_scores",
+                expected=f"scores of shape (B, H, T, S) = {(B, H, T, S)} for (B, H, T, D) and (B, H, S, D) inputs",
+                error_hint="the function must work for any number of leading (batch) axes, e.g. (B, H, T, D) "
+                           "with heads: swap only the last two axes of k, never hard-code three dimensions")
+    dims4 = {**dims, "H": H}
+    hints4 = {
+        (D, S, H, B): "k.T reverses *all* axes of a 4-D tensor: swap only the last two, with transpose(-2, -1) or .mT",
+        (B, H, T, H): "the wrong axes of k were swapped: swap the last two (S and D), whatever the number of leading axes",
+        (B, T, S): "the head axis is gone: the function must keep every leading axis of its inputs",
+    }
+    check_close(got4, attention.pairwise_scores(q4, k4), name="scores with a head axis", shape="B H T S",
+                dims=dims4, hints=hints4,
+                hint="for 4-D inputs scores[b, h, i, j] is the dot product of query i and key j of head h")
     passed("pairwise_scores")
 
 

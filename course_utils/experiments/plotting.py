@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 # Colour-blind-safe sequential map; the same fixed [0, 1] scale in every heatmap.
@@ -45,11 +46,13 @@ def show_attention(
     title: str | None = None,
     ax: Axes | None = None,
     annotate: bool | None = None,
+    mask: Any = None,
 ) -> Figure:
     """Heatmap of attention weights: queries on the y-axis, keys on the x-axis.
 
     The colour scale is fixed to [0, 1] (weights are probabilities) so that
-    two heatmaps can be compared by eye.
+    two heatmaps can be compared by eye. Masked cells are hatched, so that a
+    key that may not be attended is not mistaken for a small weight.
 
     Args:
         weights: (T, S) tensor or array (leading size-1 dims are dropped),
@@ -59,16 +62,34 @@ def show_attention(
         title: Axes title.
         ax: Draw into this Axes instead of a new Figure.
         annotate: Write each weight in its cell (default: when T, S <= 8).
+        mask: Optional boolean mask, True = may attend, broadcastable to
+            (T, S) (e.g. (1, S) for padding, (T, S) for causal); the cells
+            where it is False are hatched and left unannotated.
 
     Returns:
         The Figure holding the heatmap.
 
     Raises:
-        ValueError: If the weights are not 2-D, not finite, or the labels do
-            not match their number of rows/columns.
+        ValueError: If the weights are not 2-D, not finite, the labels do
+            not match their number of rows/columns, or the mask does not
+            broadcast to (T, S).
     """
     matrix = _as_matrix(weights)
     T, S = matrix.shape
+    allowed = np.ones((T, S), dtype=bool)
+    if mask is not None:
+        mask_array = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
+        while mask_array.ndim > 2 and mask_array.shape[0] == 1:
+            mask_array = mask_array[0]
+        if mask_array.dtype != bool:
+            raise ValueError(f"show_attention: mask must be boolean (True = may attend), got {mask_array.dtype}")
+        try:
+            allowed = np.broadcast_to(mask_array, (T, S))
+        except ValueError:
+            raise ValueError(
+                f"show_attention: a mask of shape {mask_array.shape} does not broadcast to the weights' (T, S) = "
+                f"{(T, S)}: pass the mask of this one example (and head)"
+            ) from None
     if query_labels is not None and len(query_labels) != T:
         raise ValueError(f"{len(query_labels)} query labels for {T} rows (queries): give one label per query")
     if key_labels is not None and len(key_labels) != S:
@@ -88,12 +109,16 @@ def show_attention(
         ax.set_title(title)
     if annotate is None:
         annotate = T <= 8 and S <= 8
+    for i, j in zip(*np.nonzero(~allowed)):
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="white", edgecolor="0.55", hatch="///",
+                               linewidth=0))
     if annotate:
         for i in range(T):
             for j in range(S):
-                colour = "black" if matrix[i, j] > 0.6 else "white"
-                ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=8, color=colour)
-    fig.colorbar(image, ax=ax, label="weight", fraction=0.05)
+                if allowed[i, j]:
+                    colour = "black" if matrix[i, j] > 0.6 else "white"
+                    ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=8, color=colour)
+    fig.colorbar(image, ax=ax, label="attention weight", fraction=0.05)
     return fig
 
 
@@ -229,6 +254,7 @@ def show_matrix(
     ylabel: str,
     title: str | None = None,
     symmetric: bool = True,
+    colorbar_label: str = "value",
 ) -> Figure:
     """Heatmap of any matrix (not attention weights): e.g. positional encodings (notebook 06).
 
@@ -239,6 +265,7 @@ def show_matrix(
         title: Axes title.
         symmetric: Colour scale centred on 0 with the colour-blind-safe diverging
             map "PuOr"; otherwise "viridis" from the minimum to the maximum.
+        colorbar_label: What the colours mean (the colourbar's label).
 
     Returns:
         The Figure.
@@ -260,5 +287,5 @@ def show_matrix(
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
-    fig.colorbar(image, ax=ax, fraction=0.05)
+    fig.colorbar(image, ax=ax, fraction=0.05, label=colorbar_label)
     return fig
