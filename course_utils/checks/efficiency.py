@@ -99,5 +99,25 @@ def check_online_softmax_update(fn: Callable[..., Any], seed: int = 0, T: int = 
                     hint="l_new = l * exp(m - m_new) + exp(scores - m_new).sum(-1, keepdim=True)")
         check_close(got[2], ref[2], name=f"acc after block {i + 1}", shape="T Dv", dims={"T": T, "Dv": Dv},
                     hint="acc_new = acc * exp(m - m_new) + exp(scores - m_new) @ v")
+    # A first block whose keys are all masked for query 0 (its scores are -inf), then an ordinary block.
+    masked_first = torch.randn(T, 2, generator=g)
+    masked_first[0] = float("-inf")
+    later = 2.0 * torch.randn(T, 3, generator=g)
+    values = (torch.randn(2, Dv, generator=g), torch.randn(3, Dv, generator=g))
+    start = (torch.full((T, 1), float("-inf")), torch.zeros(T, 1), torch.zeros(T, Dv))
+    got = call(fn, *start, masked_first, values[0], name="online_softmax_update", expected="a tuple (m, l, acc)")
+    if not (isinstance(got, tuple) and len(got) == 3) or not all(
+            isinstance(t, torch.Tensor) and not torch.isnan(t).any() for t in got[1:]):
+        raise CheckError(
+            "a block whose scores are all -inf for one query (every key masked) gave NaN in l or acc: with m = -inf "
+            "and m_new = -inf, exp(m - m_new) is exp(-inf + inf) = exp(nan). Such a row has summed nothing yet, so "
+            "its l and acc must stay 0: shift by 0 wherever m_new is still -inf"
+        )
+    m, l, acc = call(fn, *got, later, values[1], name="online_softmax_update", expected="a tuple (m, l, acc)")
+    all_scores = torch.cat([masked_first, later], dim=-1)  # (T, 5)
+    expected_out = torch.softmax(all_scores, dim=-1) @ torch.cat(values, dim=0)  # (T, Dv); row 0 uses `later` only
+    check_close(acc / l, expected_out, name="acc / l after a fully masked first block", shape="T Dv",
+                dims={"T": T, "Dv": Dv},
+                hint="a masked block must contribute nothing: the later blocks alone decide that query's output")
     passed("online_softmax_update")
 

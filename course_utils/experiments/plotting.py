@@ -225,6 +225,30 @@ def plot_lines(
     return fig
 
 
+def line_panels(count: int, sharey: bool = True) -> tuple[Figure, list[Axes]]:
+    """A Figure with ``count`` line-plot panels side by side, for ``plot_lines(..., ax=panel)``.
+
+    One panel per setting (e.g. one per width in notebook 08) keeps each
+    panel's legend from hiding another setting's curves.
+
+    Args:
+        count: Number of panels, at least 1.
+        sharey: Give the panels one y-axis scale, so that they can be compared.
+
+    Returns:
+        The Figure and its list of Axes, left to right.
+
+    Raises:
+        ValueError: If ``count`` is not a positive int.
+    """
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"line_panels needs a positive number of panels, got {count!r}")
+    fig = Figure(figsize=(4.6 * count, 3.6))
+    axes = fig.subplots(1, count, sharey=sharey, squeeze=False)[0]
+    fig.set_layout_engine("constrained")
+    return fig, list(axes)
+
+
 def plot_saturation(saturation: Any) -> Figure:
     """Three panels against Dk, scaled and unscaled: entropy, largest weight, gradient norm (notebook 04).
 
