@@ -16,6 +16,19 @@ instructor notebooks are ever modified.
 A submission is reported as failed, with the reason, and not scored when it is
 not valid notebook JSON, when a graded test cell was deleted or edited, or
 when a cell ran past the per-cell time limit; the others are graded as usual.
+A student without one of the notebooks being graded gets a MISSING row, and a
+submitted symbolic link is never followed.
+
+What is graded is rebuilt from the release: the instructor's cells, in the
+instructor's order, with only the student's solution cells (matched by their
+nbgrader ``grade_id``) taken from the submission. Anything else a student
+changed or added is ignored. Each notebook then runs in a sandbox
+(``course_utils.tooling.sandbox``: bubblewrap and prlimit, no network, a
+read-only file system with the instructor's files hidden, resource limits),
+and nbgrader computes the scores outside it. Solution cells that do what no
+answer needs (import the course's reference code, ``exec``, ``get_ipython``,
+subprocesses, files, sockets) are flagged for a human in the table and in
+``grades.csv``, as is any manual score or extra credit in the gradebook.
 
 Every notebook in ``notebooks/`` is one nbgrader assignment of the same name.
 """
@@ -24,12 +37,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import csv
+import difflib
 import hashlib
 import io
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -62,10 +78,20 @@ class Result:
     notebook: str  # notebook stem
     scores: dict[str, float] = field(default_factory=dict)  # grade_id -> points earned (empty if failed)
     failed: str = ""  # why the submission could not be graded; "" when graded
+    flags: list[str] = field(default_factory=list)  # what a human should look at (static look, gradebook)
+
+    missing: bool = False  # the student submitted no file for this notebook
 
     @property
     def total(self) -> float:
         return sum(self.scores.values())
+
+    @property
+    def status(self) -> str:
+        """"graded", "MISSING: <what>" or "FAILED: <reason>"."""
+        if self.missing:
+            return f"MISSING: {self.failed}"
+        return f"FAILED: {self.failed}" if self.failed else "graded"
 
 
 def _env_for_nbgrader() -> None:
@@ -92,28 +118,71 @@ def exercises(notebook: Path) -> list[Exercise]:
     return found
 
 
-def _api(course: Path, timeout: int):
+_SANDBOXED_EXECUTE = None
+
+
+def _sandboxed_execute():
+    """nbgrader's Execute step, run in the sandbox (built lazily: nbgrader is slow to import)."""
+    global _SANDBOXED_EXECUTE
+    if _SANDBOXED_EXECUTE is not None:
+        return _SANDBOXED_EXECUTE
+    from nbgrader.preprocessors import NbGraderPreprocessor
+    from traitlets import Integer, List, Unicode
+
+    from course_utils.tooling import sandbox
+
+    class SandboxedExecute(NbGraderPreprocessor):
+        """Execute the notebook in the sandbox; a run that does not finish raises ``SandboxFailure``."""
+
+        timeout = Integer(DEFAULT_TIMEOUT, help="seconds allowed per cell").tag(config=True)
+        hide = List(Unicode(), help="folders the notebook must not see").tag(config=True)
+
+        def preprocess(self, nb, resources):
+            executed, reason = sandbox.execute(nb, hide=[Path(p) for p in self.hide], cell_timeout=self.timeout)
+            if executed is None:
+                raise SandboxFailure(reason)
+            for cell in executed.cells:
+                if any(out.get("ename") == "CellTimeoutError" for out in cell.get("outputs", [])):
+                    raise SandboxFailure(f"a cell ran longer than the {self.timeout} s limit per cell")
+            return executed, resources
+
+    _SANDBOXED_EXECUTE = SandboxedExecute
+    return SandboxedExecute
+
+
+class SandboxFailure(RuntimeError):
+    """A submission's run in the sandbox did not finish; the message says why."""
+
+
+def _api(course: Path, timeout: int, hide: list[Path] = ()):
+    from nbconvert.preprocessors import ClearMetadataPreprocessor
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
+    from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput,
+                                        SaveAutoGrades)
     from traitlets.config import Config
 
     config = Config()
     config.CourseDirectory.root = str(course)
     config.CourseDirectory.course_id = COURSE_ID
-    config.Execute.timeout = timeout
-    config.Execute.interrupt_on_timeout = True
-    config.Execute.allow_errors = True
+    # The student's code runs only in the sandbox; nbgrader reads its outputs and scores them out here.
+    execute = _sandboxed_execute()
+    config.Autograde.autograde_preprocessors = [execute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+                                                SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+    config.SandboxedExecute.timeout = timeout
+    config.SandboxedExecute.hide = [str(p) for p in hide]
     coursedir = CourseDirectory(config=config)
     return NbGraderAPI(coursedir=coursedir, config=config)
 
 
-def build_course(notebooks: list[Path], course: Path, timeout: int = DEFAULT_TIMEOUT):
+def build_course(notebooks: list[Path], course: Path, timeout: int = DEFAULT_TIMEOUT, hide: list[Path] = ()):
     """Make a fresh nbgrader course folder and generate the release of each notebook.
 
     Args:
         notebooks: Instructor notebooks (copied, never modified).
         course: Folder to (re)create.
         timeout: Seconds allowed per cell when autograding.
+        hide: Folders a student's notebook must not see when autograding.
 
     Returns:
         The ``NbGraderAPI`` of the course.
@@ -127,7 +196,7 @@ def build_course(notebooks: list[Path], course: Path, timeout: int = DEFAULT_TIM
     for nb in notebooks:
         (course / "source" / nb.stem).mkdir(parents=True)
         shutil.copy2(nb, course / "source" / nb.stem / nb.name)
-    api = _api(course, timeout)
+    api = _api(course, timeout, hide)
     for nb in notebooks:
         with _quiet():
             result = api.generate_assignment(nb.stem, force=True)
@@ -186,19 +255,148 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _find_submissions(submissions: Path, names: set[str]) -> tuple[dict[tuple[str, str], Path], list[Result]]:
-    """Map (student, notebook stem) -> file; list files that are not course notebooks."""
+def _find_submissions(submissions: Path, names: set[str]
+                      ) -> tuple[dict[tuple[str, str], Path], list[Result], list[str]]:
+    """Map (student, notebook stem) -> file, without following symbolic links.
+
+    Returns:
+        The files found, a failed ``Result`` for every file that cannot be
+        graded (a symbolic link, a name that is not a course notebook, two
+        copies of one notebook), and the students' folder names.
+    """
     found: dict[tuple[str, str], Path] = {}
-    unknown: list[Result] = []
-    for student_dir in sorted(p for p in submissions.iterdir() if p.is_dir()):
-        for path in sorted(student_dir.rglob("*.ipynb")):
-            if ".ipynb_checkpoints" in path.parts:
-                continue
-            if path.stem in names:
-                found[(student_dir.name, path.stem)] = path
-            else:
-                unknown.append(Result(student_dir.name, path.stem, failed=f"{path.name} is not a course notebook"))
-    return found, unknown
+    problems: list[Result] = []
+    students: list[str] = []
+    known = sorted(f"{name}.ipynb" for name in names)
+    for entry in sorted(os.scandir(submissions), key=lambda e: e.name):
+        if entry.is_symlink():
+            problems.append(Result(entry.name, "-", failed="the student's folder is a symbolic link, which grading "
+                                                            "never follows: put the notebooks in a real folder"))
+            continue
+        if not entry.is_dir(follow_symlinks=False):
+            continue
+        student = entry.name
+        students.append(student)
+        for folder, subfolders, files in os.walk(entry.path, followlinks=False):
+            subfolders[:] = sorted(d for d in subfolders if d != ".ipynb_checkpoints")
+            for name in sorted(files):
+                if not name.endswith(".ipynb"):
+                    continue
+                path = Path(folder) / name
+                shown = path.relative_to(submissions)
+                stem = path.stem
+                if path.is_symlink():
+                    problems.append(Result(student, stem, failed=f"{shown} is a symbolic link, which grading never "
+                                                                   "follows: submit the notebook file itself"))
+                elif stem not in names:
+                    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+                    hint = f": did you mean {close[0]}? Rename it exactly so" if close else ""
+                    problems.append(Result(student, stem, failed=f"{name} is not a course notebook{hint}"))
+                elif (student, stem) in found:
+                    first = found[(student, stem)].relative_to(submissions)
+                    problems.append(Result(student, stem, failed=f"two copies of {name} ({first} and {shown}): "
+                                                                   "keep one"))
+                    del found[(student, stem)]
+                elif any(r.student == student and r.notebook == stem for r in problems):
+                    continue
+                else:
+                    found[(student, stem)] = path
+    return found, problems, students
+
+
+def assemble(submission: nbformat.NotebookNode, release_nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The notebook to grade: the release, with only the student's solution cells put in.
+
+    Every other cell (instructions, test cells, the fallbacks to the reference
+    implementation), their order and their metadata are the instructor's. A
+    solution cell is matched by its nbgrader ``grade_id``; one the student
+    deleted stays as released (unsolved).
+    """
+    theirs = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in submission.cells
+              if c.metadata.get("nbgrader", {}).get("solution")}
+    graded = copy.deepcopy(release_nb)
+    for cell in graded.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        answer = theirs.get(meta.get("grade_id"))
+        if meta.get("solution") and answer is not None and answer.cell_type == cell.cell_type:
+            cell.source = answer.source if isinstance(answer.source, str) else "".join(answer.source)
+    return graded
+
+
+# What a solution cell never needs; each match is flagged for a human to read.
+FLAGS = [
+    (r"\bcourse_utils\b", "uses course_utils, where the reference implementations live"),
+    (r"\b(exec|eval|compile|__import__)\s*\(", "runs code from a string (exec, eval, compile or __import__)"),
+    (r"\bget_ipython\b|\bIPython\b|\bipykernel\b", "reaches into the IPython kernel (get_ipython)"),
+    (r"\bsubprocess\b|\bos\.(system|popen|fork|exec\w*|spawn\w*|kill\w*)\b|\bpty\b|\bmultiprocessing\b",
+     "starts or signals processes"),
+    (r"\bopen\s*\(|\bpathlib\b|\bshutil\b|\bos\.(remove|unlink|rename|replace|mkdir|makedirs|chmod|listdir|"
+     r"scandir|walk)\b|\.(write_text|write_bytes|read_text|read_bytes)\b|\btorch\.(load|save)\b|\bglob\b",
+     "reads or writes files"),
+    (r"\bsqlite3\b|\bsqlalchemy\b|\bgradebook\b", "touches a database"),
+    (r"\bsocket\b|\burllib\b|\bhttp\.|\brequests\b", "uses the network"),
+    (r"\bsys\.(modules|settrace|setprofile|exit|excepthook)\b|\bbuiltins\b|\bimportlib\b|\bctypes\b|"
+     r"\bsignal\b|\batexit\b|\bthreading\b|\bgc\b|\binspect\b", "changes the interpreter or its modules"),
+]
+
+
+def _bound_names(source: str) -> set[str]:
+    """Names a cell binds at its top level (def, class, assignment, import), or set() if it does not parse."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def _used_names(source: str) -> set[str]:
+    import ast
+
+    try:
+        return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    except SyntaxError:
+        return set()
+
+
+def static_flags(submission: nbformat.NotebookNode, release_nb: nbformat.NotebookNode) -> list[str]:
+    """What a human should look at in a submission's solution cells (a static look: nothing is run).
+
+    Besides the patterns of ``FLAGS``, a solution cell that rebinds a name the
+    test cells use (a checker, say), other than the names the released cell
+    itself defines, is flagged.
+    """
+    def source_of(cell) -> str:
+        return cell.source if isinstance(cell.source, str) else "".join(cell.source)
+
+    tested = set().union(*[_used_names(source_of(c)) for c in release_nb.cells
+                           if c.metadata.get("nbgrader", {}).get("grade") and c.cell_type == "code"])
+    released = {c.metadata["nbgrader"].get("grade_id"): _bound_names(source_of(c)) for c in release_nb.cells
+                if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"}
+    found = []
+    for cell in submission.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if not meta.get("solution") or cell.cell_type != "code":
+            continue
+        grade_id = meta.get("grade_id", "?")
+        source = source_of(cell)
+        for pattern, what in FLAGS:
+            if re.search(pattern, source):
+                found.append(f"{grade_id}: {what}")
+        for name in sorted((_bound_names(source) & tested) - released.get(grade_id, set())):
+            found.append(f"{grade_id}: redefines {name}, which the tests use")
+    return found
 
 
 def validate(submission: Path, release_nb: Path, source_nb: Path) -> str:
@@ -233,11 +431,15 @@ def validate(submission: Path, release_nb: Path, source_nb: Path) -> str:
     return ""
 
 
+MAX_SUBMISSION_BYTES = 50 * 2**20
+
+
 def autograde(
     submissions: Path,
     notebooks_dir: Path = NOTEBOOKS,
     course: Path = BUILD / "grading",
     timeout: int = DEFAULT_TIMEOUT,
+    expected: list[str] | None = None,
 ) -> list[Result]:
     """Autograde every student's notebooks in a folder of submissions.
 
@@ -246,48 +448,97 @@ def autograde(
         notebooks_dir: Instructor notebooks (never modified).
         course: Work folder (recreated); autograded notebooks stay in its ``autograded/``.
         timeout: Seconds allowed per cell; a submission with a slower cell fails.
+        expected: Notebook stems every student should have submitted (default:
+            every notebook that any student submitted); each one a student
+            lacks gets a MISSING result.
 
     Returns:
         One ``Result`` per (student, notebook), sorted by student then notebook.
+
+    Raises:
+        FileNotFoundError: If ``submissions`` is not a folder.
+        ValueError: If ``expected`` names a notebook that is not in the course.
+        sandbox.SandboxUnavailable: If bubblewrap is missing (student code never runs outside the sandbox).
     """
+    from course_utils.tooling import sandbox
+
     submissions = Path(submissions)
     if not submissions.is_dir():
         raise FileNotFoundError(f"no submissions folder at {submissions}: expected one sub-folder per student")
+    sandbox.bwrap_path()  # fail before any work when the sandbox cannot run
     notebooks = course_notebooks(notebooks_dir)
-    found, results = _find_submissions(submissions, {nb.stem for nb in notebooks})
+    stems = {nb.stem for nb in notebooks}
+    unknown = sorted(set(expected or []) - stems)
+    if unknown:
+        raise ValueError(f"not course notebooks: {', '.join(unknown)}; the course has {', '.join(sorted(stems))}")
+    found, results, students = _find_submissions(submissions, stems)
+    wanted = set(expected) if expected else {stem for _, stem in found}
+    for student in students:
+        for stem in sorted(wanted):
+            if (student, stem) not in found and not any(r.student == student and r.notebook == stem for r in results):
+                results.append(Result(student, stem, missing=True,
+                                      failed=f"no {stem}.ipynb in {student}/ (name the file exactly as released)"))
     needed = sorted({stem for _, stem in found})
-    api = build_course([nb for nb in notebooks if nb.stem in needed], course, timeout)
+    # The student's notebook sees none of: the instructor's notebooks, this grading folder, the submissions.
+    hide = [Path(notebooks_dir).resolve(), Path(course).resolve(), submissions.resolve(), BUILD.resolve()]
+    api = build_course([nb for nb in notebooks if nb.stem in needed], course, timeout, hide)
     points = {nb.stem: exercises(nb) for nb in notebooks if nb.stem in needed}
     for (student, stem), path in sorted(found.items()):
         release_nb = course / "release" / stem / f"{stem}.ipynb"
+        size = path.stat().st_size
+        if size > MAX_SUBMISSION_BYTES:
+            results.append(Result(student, stem, failed=f"the file is {size / 2**20:.0f} MB, over the "
+                                                        f"{MAX_SUBMISSION_BYTES // 2**20} MB limit: clear the outputs "
+                                                        "(Edit > Clear Outputs of All Cells) and save"))
+            continue
         reason = validate(path, release_nb, course / "source" / stem / f"{stem}.ipynb")
         if reason:
             results.append(Result(student, stem, failed=reason))
             continue
+        submitted = nbformat.read(path, as_version=4)
+        released = nbformat.read(release_nb, as_version=4)
+        flags = static_flags(submitted, released)
         target = course / "submitted" / student / stem / f"{stem}.ipynb"
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target)
+        nbformat.write(assemble(submitted, released), target)
         with _quiet():
             outcome = api.autograde(stem, student, force=True, create=True)
         log = outcome.get("log", "") + outcome.get("error", "")
-        if "Timeout waiting for execute reply" in log or "CellTimeoutError" in log:
-            results.append(Result(student, stem, failed=f"a cell ran longer than the {timeout} s limit per cell"))
+        failure = re.search(r"SandboxFailure: (.*)", log)
+        if failure:
+            results.append(Result(student, stem, failed=failure.group(1).strip(), flags=flags))
         elif not outcome["success"]:
             last = (outcome.get("error") or log).strip().splitlines()[-1:] or ["unknown error"]
-            results.append(Result(student, stem, failed=f"nbgrader could not grade it ({last[0]})"))
+            results.append(Result(student, stem, flags=flags,
+                                  failed=f"nbgrader could not grade it ({last[0]}); ask the instructor to look at "
+                                         f"{course / 'autograded' / student / stem}"))
         else:
-            results.append(Result(student, stem, scores=_scores(course, stem, student, points[stem])))
+            scores, gradebook_flags = _scores(course, stem, student, points[stem])
+            results.append(Result(student, stem, scores=scores, flags=flags + gradebook_flags))
             with _quiet():  # the student's copy with a score and a comment under every graded cell
                 api.generate_feedback(stem, student, force=True)
     return sorted(results, key=lambda r: (r.student, r.notebook))
 
 
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_safe(value: object) -> str:
+    """A cell a spreadsheet shows as text: a leading =, +, -, @, tab or CR would start a formula."""
+    text = str(value)
+    if text.startswith(_FORMULA_START) and not re.fullmatch(r"-?\d+(\.\d+)?", text):
+        return "'" + text
+    return text
+
+
 def write_grades_csv(results: list[Result], path: Path, notebooks_dir: Path = NOTEBOOKS) -> Path:
     """Write the grades in long format: one row per student, notebook and exercise.
 
-    Columns: student, notebook, exercise, points, max_points, status. A
-    submission that could not be graded has one row with exercise "-" and
-    status "FAILED: <reason>".
+    Columns: student, notebook, exercise, points, max_points, status, flags.
+    A submission that could not be graded has one row with exercise "-" and
+    status "FAILED: <reason>" (or "MISSING: ..."). ``flags`` lists what a human
+    should look at, separated by "; ". Every cell that a spreadsheet would read
+    as a formula is prefixed with an apostrophe.
 
     Returns:
         ``path``.
@@ -296,24 +547,34 @@ def write_grades_csv(results: list[Result], path: Path, notebooks_dir: Path = NO
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["student", "notebook", "exercise", "points", "max_points", "status"])
+        writer.writerow(["student", "notebook", "exercise", "points", "max_points", "status", "flags"])
         for r in results:
+            flags = "; ".join(r.flags)
             if r.failed:
-                writer.writerow([r.student, r.notebook, "-", "", "", f"FAILED: {r.failed}"])
+                writer.writerow([_csv_safe(v) for v in (r.student, r.notebook, "-", "", "", r.status, flags)])
                 continue
             for ex in exercises(known[r.notebook]):
-                writer.writerow([r.student, r.notebook, ex.grade_id, f"{r.scores.get(ex.grade_id, 0.0):g}",
-                                 f"{ex.points:g}", "graded"])
+                writer.writerow([_csv_safe(v) for v in (r.student, r.notebook, ex.grade_id,
+                                                        f"{r.scores.get(ex.grade_id, 0.0):g}", f"{ex.points:g}",
+                                                        r.status, flags)])
     return Path(path)
 
 
-def _scores(course: Path, stem: str, student: str, exs: list[Exercise]) -> dict[str, float]:
+def _scores(course: Path, stem: str, student: str, exs: list[Exercise]) -> tuple[dict[str, float], list[str]]:
+    """The automatic score of every exercise, and a flag for any manual score or extra credit in the gradebook."""
     from nbgrader.api import Gradebook
 
+    flags = []
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
         notebook = gradebook.find_submission_notebook(stem, stem, student)
-        by_cell = {grade.cell.name: grade.score for grade in notebook.grades}
-    return {ex.grade_id: float(by_cell.get(ex.grade_id, 0.0)) for ex in exs}
+        by_cell = {}
+        for grade in notebook.grades:
+            by_cell[grade.cell.name] = grade.auto_score
+            if grade.manual_score is not None:
+                flags.append(f"{grade.cell.name}: a manual score ({grade.manual_score:g}) that autograding did not set")
+            if grade.extra_credit:
+                flags.append(f"{grade.cell.name}: extra credit ({grade.extra_credit:g}) that autograding did not set")
+    return {ex.grade_id: float(by_cell.get(ex.grade_id) or 0.0) for ex in exs}, flags
 
 
 def format_table(results: list[Result], notebooks_dir: Path = NOTEBOOKS) -> str:
@@ -329,10 +590,12 @@ def format_table(results: list[Result], notebooks_dir: Path = NOTEBOOKS) -> str:
         table = []
         for r in rows:
             if r.failed:
-                cells = ["-"] * len(exs) + ["-", f"FAILED: {r.failed}"]
+                cells = ["-"] * len(exs) + ["-", r.status]
             else:
                 cells = [f"{r.scores.get(ex.grade_id, 0):g}/{ex.points:g}" for ex in exs]
                 cells += [f"{r.total:g}/{sum(ex.points for ex in exs):g}", "graded"]
+            if r.flags:
+                cells[-1] += "  FLAGGED: " + "; ".join(r.flags)
             table.append([r.student] + cells)
         widths = [max(len(str(row[i])) for row in [headers] + table) for i in range(len(headers))]
         lines.append(f"## {stem}")
@@ -350,6 +613,8 @@ def main(argv: list[str] | None = None) -> int:
     grade = sub.add_parser("autograde", help="grade a folder of submissions (one sub-folder per student)")
     grade.add_argument("submissions", type=Path)
     grade.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT, help="seconds allowed per cell")
+    grade.add_argument("--notebooks", nargs="*", default=None, metavar="STEM",
+                       help="notebooks every student must submit (default: every notebook anyone submitted)")
     args = parser.parse_args(argv)
     if args.command == "release":
         for path in release(args.out):
@@ -359,7 +624,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no submissions folder at {args.submissions}: make one sub-folder per student, "
               "each with that student's notebooks", file=sys.stderr)
         return 2
-    results = autograde(args.submissions, timeout=args.timeout)
+    from course_utils.tooling.sandbox import SandboxUnavailable
+
+    try:
+        results = autograde(args.submissions, timeout=args.timeout, expected=args.notebooks)
+    except (SandboxUnavailable, ValueError) as exc:
+        print(f"cannot grade: {exc}", file=sys.stderr)
+        return 2
     if not results:
         print(f"no notebooks found under {args.submissions}/<student>/", file=sys.stderr)
         return 2
