@@ -32,9 +32,9 @@ def check_padding_mask(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B:
     dims = {"B": B, "S": S}
     expected = masks.padding_mask(lengths, S)
     hints = {
-        (B, S): "the query axis is missing: index with [:, None, :] (or unsqueeze(1)) so the mask broadcasts against (B, T, S) scores",
+        (B, S): "the query axis is missing: the mask must have a size-1 axis between B and S, so that it broadcasts over the T queries of (B, T, S) scores",
         (B, S, 1): "the singleton axis is in the wrong place: the mask must be (B, 1, S) to broadcast over the T queries",
-        (S, B): "rows and columns are swapped: compare positions[None, :] with lengths[:, None]",
+        (S, B): "rows and columns are swapped: the rows must be the sequences (B) and the columns the positions (S)",
     }
     got_t = check_tensor(got, name="the mask", shape="B 1 S", dims={**dims, "1": 1}, hints=hints)
     if got_t.dtype != torch.bool:
@@ -70,17 +70,17 @@ def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed:
     k = torch.randn(B, S, D, generator=g)
     q_copy, k_copy = q.clone(), k.clone()
     got = call(fn, q, k, name="pairwise_scores", expected=f"scores of shape (B, T, S) = {(B, T, S)}",
-               error_hint="the shapes do not line up for a batched product: `@` needs (..., T, D) @ (..., D, S). "
+               error_hint="the shapes do not line up for a batched product: `@` needs (..., T, Dk) @ (..., Dk, S). "
                           "Note that k.T on a 3-D tensor reverses all three axes")
     if not (torch.equal(q, q_copy) and torch.equal(k, k_copy)):
         raise CheckError("pairwise_scores changed q or k in place: use out-of-place operations")
     dims = {"B": B, "T": T, "S": S, "D": D}
     expected = attention.pairwise_scores(q, k)
     hints = {
-        (B, S, T): "did you compute k @ q^T? Queries index the rows: q @ k.transpose(-2, -1)",
-        (B, T, D): "that is the shape of q: the dot product must sum over D, leaving one score per (query, key) pair",
-        (B, T, S, D): "the products were not summed over D: add .sum(-1), or use q @ k.transpose(-2, -1)",
-        (T, S): "the batch dimension is gone: keep B, e.g. with q @ k.transpose(-2, -1) (batched matmul)",
+        (B, S, T): "did you compute k @ q^T? Queries index the rows of the scores, keys the columns",
+        (B, T, D): "that is the shape of q: the dot product must sum over the features, leaving one score per (query, key) pair",
+        (B, T, S, D): "the products were not summed over the features: a dot product is one number per (query, key) pair",
+        (T, S): "the batch dimension is gone: every batch element needs its own (T, S) scores",
     }
     suspects = {
         "only the first batch element is right: loop over (or broadcast across) every batch element":
@@ -96,11 +96,11 @@ def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed:
     k4 = torch.randn(B, H, S, D, generator=g)
     got4 = call(fn, q4, k4, name="pairwise_scores",
                 expected=f"scores of shape (B, H, T, S) = {(B, H, T, S)} for (B, H, T, D) and (B, H, S, D) inputs",
-                error_hint="the function must work for any number of leading (batch) axes, e.g. (B, H, T, D) "
+                error_hint="the function must work for any number of leading (batch) axes, e.g. (B, H, T, Dk) "
                            "with heads: swap only the last two axes of k, never hard-code three dimensions")
     dims4 = {**dims, "H": H}
     hints4 = {
-        (D, S, H, B): "k.T reverses *all* axes of a 4-D tensor: swap only the last two, with transpose(-2, -1) or .mT",
+        (D, S, H, B): "k.T reverses *all* axes of a 4-D tensor: only the last two axes of k may be swapped",
         (B, H, T, H): "the wrong axes of k were swapped: swap the last two (S and D), whatever the number of leading axes",
         (B, T, S): "the head axis is gone: the function must keep every leading axis of its inputs",
     }
