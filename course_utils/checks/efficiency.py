@@ -74,14 +74,14 @@ def check_online_softmax_update(fn: Callable[..., Any], seed: int = 0, T: int = 
         inputs = (*state, scores, v)
         copies = tuple(t.clone() for t in inputs)
         got = call(fn, *inputs, name="online_softmax_update", expected="a tuple (m, l, acc)",
-                   error_hint="m and l are (T, 1), acc is (T, Dv), scores (T, Bk), v (Bk, Dv)")
+                   error_hint="m and l are (T, 1), acc is (T, D), scores (T, C) for a block of C keys, v (C, D)")
         if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
             raise CheckError("online_softmax_update changed an input in place: return new tensors")
         if not isinstance(got, tuple) or len(got) != 3 or not all(isinstance(t, torch.Tensor) for t in got):
             raise CheckError(f"expected a tuple of three tensors (m, l, acc), got {describe(got)}")
         if i == 0 and not torch.isfinite(got[2]).all():
             raise CheckError("after the first block acc has NaN/inf: exp(scores - m) with the old maximum m = -inf is "
-                             "inf. Compute m_new first and use exp(scores - m_new); exp(m_old - m_new) = exp(-inf) = 0")
+                             "inf. The new maximum has to be known before anything is exponentiated")
         states.append(got)
         state = got
     m, l, acc = state
@@ -93,12 +93,11 @@ def check_online_softmax_update(fn: Callable[..., Any], seed: int = 0, T: int = 
     for i, ((scores, v), got) in enumerate(zip(blocks, states)):
         ref = efficiency.online_softmax_update(*ref, scores, v)
         check_close(got[0], ref[0], name=f"m after block {i + 1}", shape="T 1", dims={"T": T, "1": 1},
-                    hint="m is the running maximum: m_new = maximum(m, scores.amax(-1, keepdim=True)); a block with "
-                         "smaller scores must not lower it")
+                    hint="m is the running maximum of every score seen so far: a block with smaller scores must not lower it")
         check_close(got[1], ref[1], name=f"l after block {i + 1}", shape="T 1", dims={"T": T, "1": 1},
-                    hint="l_new = l * exp(m - m_new) + exp(scores - m_new).sum(-1, keepdim=True)")
+                    hint="l is the running sum of exp(score - running maximum): what was summed before must be rescaled to the new maximum")
         check_close(got[2], ref[2], name=f"acc after block {i + 1}", shape="T Dv", dims={"T": T, "Dv": Dv},
-                    hint="acc_new = acc * exp(m - m_new) + exp(scores - m_new) @ v")
+                    hint="acc is the running sum of exp(score - running maximum) times the values, rescaled like l")
     # A first block whose keys are all masked for query 0 (its scores are -inf), then an ordinary block.
     masked_first = torch.randn(T, 2, generator=g)
     masked_first[0] = float("-inf")
@@ -111,7 +110,7 @@ def check_online_softmax_update(fn: Callable[..., Any], seed: int = 0, T: int = 
         raise CheckError(
             "a block whose scores are all -inf for one query (every key masked) gave NaN in l or acc: with m = -inf "
             "and m_new = -inf, exp(m - m_new) is exp(-inf + inf) = exp(nan). Such a row has summed nothing yet, so "
-            "its l and acc must stay 0: shift by 0 wherever m_new is still -inf"
+            "its l and acc must stay 0"
         )
     m, l, acc = call(fn, *got, later, values[1], name="online_softmax_update", expected="a tuple (m, l, acc)")
     all_scores = torch.cat([masked_first, later], dim=-1)  # (T, 5)
