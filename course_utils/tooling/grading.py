@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import csv
-import difflib
 import hashlib
 import io
 import json
@@ -48,11 +46,13 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 import nbformat.reader
+
+from course_utils.tooling.submissions import Result, assemble, find_submissions, static_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -68,30 +68,6 @@ class Exercise:
     notebook: str  # notebook stem, e.g. "00_orientation" (= nbgrader assignment)
     grade_id: str  # nbgrader grade_id of the test cell, e.g. "masked_softmax_tests"
     points: float  # points it is worth
-
-
-@dataclass
-class Result:
-    """The outcome of grading one student's notebook."""
-
-    student: str  # folder name of the student
-    notebook: str  # notebook stem
-    scores: dict[str, float] = field(default_factory=dict)  # grade_id -> points earned (empty if failed)
-    failed: str = ""  # why the submission could not be graded; "" when graded
-    flags: list[str] = field(default_factory=list)  # what a human should look at (static look, gradebook)
-
-    missing: bool = False  # the student submitted no file for this notebook
-
-    @property
-    def total(self) -> float:
-        return sum(self.scores.values())
-
-    @property
-    def status(self) -> str:
-        """"graded", "MISSING: <what>" or "FAILED: <reason>"."""
-        if self.missing:
-            return f"MISSING: {self.failed}"
-        return f"FAILED: {self.failed}" if self.failed else "graded"
 
 
 def _env_for_nbgrader() -> None:
@@ -255,150 +231,6 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _find_submissions(submissions: Path, names: set[str]
-                      ) -> tuple[dict[tuple[str, str], Path], list[Result], list[str]]:
-    """Map (student, notebook stem) -> file, without following symbolic links.
-
-    Returns:
-        The files found, a failed ``Result`` for every file that cannot be
-        graded (a symbolic link, a name that is not a course notebook, two
-        copies of one notebook), and the students' folder names.
-    """
-    found: dict[tuple[str, str], Path] = {}
-    problems: list[Result] = []
-    students: list[str] = []
-    known = sorted(f"{name}.ipynb" for name in names)
-    for entry in sorted(os.scandir(submissions), key=lambda e: e.name):
-        if entry.is_symlink():
-            problems.append(Result(entry.name, "-", failed="the student's folder is a symbolic link, which grading "
-                                                            "never follows: put the notebooks in a real folder"))
-            continue
-        if not entry.is_dir(follow_symlinks=False):
-            continue
-        student = entry.name
-        students.append(student)
-        for folder, subfolders, files in os.walk(entry.path, followlinks=False):
-            subfolders[:] = sorted(d for d in subfolders if d != ".ipynb_checkpoints")
-            for name in sorted(files):
-                if not name.endswith(".ipynb"):
-                    continue
-                path = Path(folder) / name
-                shown = path.relative_to(submissions)
-                stem = path.stem
-                if path.is_symlink():
-                    problems.append(Result(student, stem, failed=f"{shown} is a symbolic link, which grading never "
-                                                                   "follows: submit the notebook file itself"))
-                elif stem not in names:
-                    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-                    hint = f": did you mean {close[0]}? Rename it exactly so" if close else ""
-                    problems.append(Result(student, stem, failed=f"{name} is not a course notebook{hint}"))
-                elif (student, stem) in found:
-                    first = found[(student, stem)].relative_to(submissions)
-                    problems.append(Result(student, stem, failed=f"two copies of {name} ({first} and {shown}): "
-                                                                   "keep one"))
-                    del found[(student, stem)]
-                elif any(r.student == student and r.notebook == stem for r in problems):
-                    continue
-                else:
-                    found[(student, stem)] = path
-    return found, problems, students
-
-
-def assemble(submission: nbformat.NotebookNode, release_nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The notebook to grade: the release, with only the student's solution cells put in.
-
-    Every other cell (instructions, test cells, the fallbacks to the reference
-    implementation), their order and their metadata are the instructor's. A
-    solution cell is matched by its nbgrader ``grade_id``; one the student
-    deleted stays as released (unsolved).
-    """
-    theirs = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in submission.cells
-              if c.metadata.get("nbgrader", {}).get("solution")}
-    graded = copy.deepcopy(release_nb)
-    for cell in graded.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        answer = theirs.get(meta.get("grade_id"))
-        if meta.get("solution") and answer is not None and answer.cell_type == cell.cell_type:
-            cell.source = answer.source if isinstance(answer.source, str) else "".join(answer.source)
-    return graded
-
-
-# What a solution cell never needs; each match is flagged for a human to read.
-FLAGS = [
-    (r"\bcourse_utils\b", "uses course_utils, where the reference implementations live"),
-    (r"\b(exec|eval|compile|__import__)\s*\(", "runs code from a string (exec, eval, compile or __import__)"),
-    (r"\bget_ipython\b|\bIPython\b|\bipykernel\b", "reaches into the IPython kernel (get_ipython)"),
-    (r"\bsubprocess\b|\bos\.(system|popen|fork|exec\w*|spawn\w*|kill\w*)\b|\bpty\b|\bmultiprocessing\b",
-     "starts or signals processes"),
-    (r"\bopen\s*\(|\bpathlib\b|\bshutil\b|\bos\.(remove|unlink|rename|replace|mkdir|makedirs|chmod|listdir|"
-     r"scandir|walk)\b|\.(write_text|write_bytes|read_text|read_bytes)\b|\btorch\.(load|save)\b|\bglob\b",
-     "reads or writes files"),
-    (r"\bsqlite3\b|\bsqlalchemy\b|\bgradebook\b", "touches a database"),
-    (r"\bsocket\b|\burllib\b|\bhttp\.|\brequests\b", "uses the network"),
-    (r"\bsys\.(modules|settrace|setprofile|exit|excepthook)\b|\bbuiltins\b|\bimportlib\b|\bctypes\b|"
-     r"\bsignal\b|\batexit\b|\bthreading\b|\bgc\b|\binspect\b", "changes the interpreter or its modules"),
-]
-
-
-def _bound_names(source: str) -> set[str]:
-    """Names a cell binds at its top level (def, class, assignment, import), or set() if it does not parse."""
-    import ast
-
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return set()
-    names: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
-        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
-    return names
-
-
-def _used_names(source: str) -> set[str]:
-    import ast
-
-    try:
-        return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
-    except SyntaxError:
-        return set()
-
-
-def static_flags(submission: nbformat.NotebookNode, release_nb: nbformat.NotebookNode) -> list[str]:
-    """What a human should look at in a submission's solution cells (a static look: nothing is run).
-
-    Besides the patterns of ``FLAGS``, a solution cell that rebinds a name the
-    test cells use (a checker, say), other than the names the released cell
-    itself defines, is flagged.
-    """
-    def source_of(cell) -> str:
-        return cell.source if isinstance(cell.source, str) else "".join(cell.source)
-
-    tested = set().union(*[_used_names(source_of(c)) for c in release_nb.cells
-                           if c.metadata.get("nbgrader", {}).get("grade") and c.cell_type == "code"])
-    released = {c.metadata["nbgrader"].get("grade_id"): _bound_names(source_of(c)) for c in release_nb.cells
-                if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"}
-    found = []
-    for cell in submission.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if not meta.get("solution") or cell.cell_type != "code":
-            continue
-        grade_id = meta.get("grade_id", "?")
-        source = source_of(cell)
-        for pattern, what in FLAGS:
-            if re.search(pattern, source):
-                found.append(f"{grade_id}: {what}")
-        for name in sorted((_bound_names(source) & tested) - released.get(grade_id, set())):
-            found.append(f"{grade_id}: redefines {name}, which the tests use")
-    return found
-
-
 def validate(submission: Path, release_nb: Path, source_nb: Path) -> str:
     """Why a submission cannot be graded, or "" if it can.
 
@@ -471,7 +303,7 @@ def autograde(
     unknown = sorted(set(expected or []) - stems)
     if unknown:
         raise ValueError(f"not course notebooks: {', '.join(unknown)}; the course has {', '.join(sorted(stems))}")
-    found, results, students = _find_submissions(submissions, stems)
+    found, results, students = find_submissions(submissions, stems)
     wanted = set(expected) if expected else {stem for _, stem in found}
     for student in students:
         for stem in sorted(wanted):
