@@ -47,6 +47,7 @@ def show_attention(
     ax: Axes | None = None,
     annotate: bool | None = None,
     mask: Any = None,
+    colorbar: bool = True,
 ) -> Figure:
     """Heatmap of attention weights: queries on the y-axis, keys on the x-axis.
 
@@ -65,6 +66,8 @@ def show_attention(
         mask: Optional boolean mask, True = may attend, broadcastable to
             (T, S) (e.g. (1, S) for padding, (T, S) for causal); the cells
             where it is False are hatched and left unannotated.
+        colorbar: Draw a labelled colourbar beside the heatmap; pass False for
+            panels that share one (``fig.colorbar(ax.images[0], ax=axes)``).
 
     Returns:
         The Figure holding the heatmap.
@@ -118,7 +121,8 @@ def show_attention(
                 if allowed[i, j]:
                     colour = "black" if matrix[i, j] > 0.6 else "white"
                     ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=8, color=colour)
-    fig.colorbar(image, ax=ax, label="attention weight", fraction=0.05)
+    if colorbar:
+        fig.colorbar(image, ax=ax, label="attention weight", fraction=0.05)
     return fig
 
 
@@ -262,11 +266,11 @@ def plot_saturation(saturation: Any) -> Figure:
     axes = fig.subplots(1, 3)
     d_ks = saturation.d_ks
     uniform = [float(np.log(saturation.num_keys))] * len(d_ks)
-    plot_lines(d_ks, saturation.entropy, "key width Dk", "entropy (nats)", title="entropy of the weights", logx=True,
+    plot_lines(d_ks, saturation.entropy, "key width $D_k$", "entropy (nats)", title="entropy of the weights", logx=True,
                reference=(f"uniform, ln {saturation.num_keys}", uniform), ax=axes[0])
-    plot_lines(d_ks, saturation.max_weight, "key width Dk", "largest weight", title="largest weight", logx=True,
+    plot_lines(d_ks, saturation.max_weight, "key width $D_k$", "largest weight", title="largest weight", logx=True,
                ax=axes[1])
-    plot_lines(d_ks, saturation.grad_norm, "key width Dk", "‖∂L/∂scores‖", title="gradient through the softmax",
+    plot_lines(d_ks, saturation.grad_norm, "key width $D_k$", "‖∂L/∂e‖", title="gradient through the softmax",
                logx=True, ax=axes[2])
     axes[1].set_ylim(0, 1.02)
     return fig
