@@ -140,7 +140,7 @@ def _inplace_scores(q, k):
 SCORE_BUGS = [
     (lambda q, k: k @ q.transpose(-2, -1), "did you compute k @ q^T"),
     (lambda q, k: q * k.sum(1, keepdim=True), "that is the shape of q"),
-    (lambda q, k: q[:, :, None, :] * k[:, None, :, :], "were not summed over D"),
+    (lambda q, k: q[:, :, None, :] * k[:, None, :, :], "were not summed over the features"),
     (lambda q, k: q[0] @ k[0].T, "the batch dimension is gone"),
     (_first_batch_only, "only the first batch element is right"),
     (lambda q, k: q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, "divided by √D"),
@@ -238,6 +238,7 @@ from course_utils.experiments import training  # noqa: E402
 from course_utils.checks import (  # noqa: E402
     check_additive_scores,
     check_attend,
+    check_attention_step,
     check_bilinear_scores,
     check_final_states,
     check_sequence_exact_match,
@@ -365,6 +366,54 @@ def test_check_bilinear_scores_names_the_bug(buggy, kwargs, fragment):
     assert fragment in str(err.value)
 
 
+def _step_variant(query_after_update=False, mask=True, return_old_state=False, swap_inputs=False, values="states"):
+    """AttentionDecoder.step with one deliberate change (notebook 02's common pitfalls)."""
+
+    def step(self, y_prev, state, enc_states, keys, mask_):
+        emb = self.embedding(y_prev)
+        context, weights = scorers.attend(self.scorer.score(state, keys), enc_states if values == "states" else keys,
+                                          mask_ if mask else None)
+        parts = [context, emb] if swap_inputs else [emb, context]
+        new_state = self.cell(torch.cat(parts, dim=-1), state)
+        if query_after_update:
+            context, weights = scorers.attend(self.scorer.score(new_state, keys), enc_states, mask_)
+        return (state if return_old_state else new_state), context, emb, weights
+
+    return step
+
+
+STEP_BUGS = [
+    (_step_variant(mask=False), "the mask was not passed to attend"),
+    (_step_variant(query_after_update=True), "queries with s_{i-1}"),
+    (_step_variant(return_old_state=True), "the step returned s_{i-1}"),
+    (_step_variant(swap_inputs=True), "in that order"),
+    (_step_variant(values="keys"), "not the projected keys"),
+    (lambda self, *args: seq2seq.AttentionDecoder.step(self, *args)[:3], "a tuple (state, context, emb, weights)"),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_check_attention_step_accepts_the_reference(seed, capsys):
+    check_attention_step(seq2seq.AttentionDecoder.step, seed=seed)
+    check_attention_step(seq2seq.AttentionDecoder.step, seed=seed, B=1, S=1)
+    check_attention_step(_step_variant(), seed=seed)  # the helper itself, unchanged, is right
+    assert capsys.readouterr().out.count("all checks passed") == 3
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), STEP_BUGS)
+def test_check_attention_step_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_attention_step(buggy)
+    assert fragment in str(err.value)
+
+
+def test_check_attention_step_leaves_the_global_random_state_alone():
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    check_attention_step(seq2seq.AttentionDecoder.step)
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
 # --- notebooks 03 and 04 ------------------------------------------------------
 
 import math  # noqa: E402
@@ -372,6 +421,7 @@ import math  # noqa: E402
 from course_utils.checks import (  # noqa: E402
     WORKED_EXAMPLE_WRONG,
     check_attention_entropy,
+    check_attention_scale,
     check_scaled_dot_product_attention,
     check_scaled_scores,
     check_spot_the_error,
@@ -465,15 +515,49 @@ def test_check_scaled_dot_product_attention_names_the_bug(buggy, fragment):
         (3, "expected a set of statement numbers"),
         ({"1"}, "'1' is not a statement number"),
         ({1, 9}, "9 is not a statement number"),
-        (set(), "0 of the 4 wrong statements found"),
-        (set(WORKED_EXAMPLE_WRONG) - {5}, "statement 5 is wrong too"),
-        (set(WORKED_EXAMPLE_WRONG) | {7}, "statement 7 is right"),
+        (set(), "4 of the 8 statements misjudged"),
+        (set(WORKED_EXAMPLE_WRONG) - {5}, "1 of the 8 statements misjudged. Look again at\n  the scores and their scale"),
+        (set(WORKED_EXAMPLE_WRONG) | {7}, "1 of the 8 statements misjudged. Look again at\n  the weights"),
     ],
 )
 def test_check_spot_the_error_names_the_mistake(answer, fragment):
     with pytest.raises(CheckError) as err:
         check_spot_the_error(answer)
     assert fragment in str(err.value)
+
+
+def test_check_spot_the_error_does_not_reveal_the_key():
+    """Over all 256 answers, the message depends only on how many statements are misjudged in each topic.
+
+    Every topic holds one wrong and one right statement, so an answer that misses the wrong one and an
+    answer that flags the right one get the same message: no message says which statements are wrong.
+    """
+    import itertools
+    import re
+
+    from course_utils.checks.self_attention import _TOPICS, WORKED_EXAMPLE_STATEMENTS
+
+    assert sorted(n for members in _TOPICS.values() for n in members) == sorted(WORKED_EXAMPLE_STATEMENTS)
+    assert all(len(set(members) & WORKED_EXAMPLE_WRONG) == 1 and len(members) == 2 for members in _TOPICS.values())
+    by_pattern: dict[tuple[int, ...], set[str]] = {}
+    for size in range(9):
+        for answer in itertools.combinations(range(1, 9), size):
+            misjudged = set(answer) ^ WORKED_EXAMPLE_WRONG
+            try:
+                check_spot_the_error(set(answer))
+                message = "passed"
+            except CheckError as err:
+                message = str(err)
+            assert not re.search(r"statement \d", message), message
+            assert not any(text in message for text in WORKED_EXAMPLE_STATEMENTS.values()), message
+            pattern = tuple(len(misjudged & set(members)) for members in _TOPICS.values())
+            by_pattern.setdefault(pattern, set()).add(message)
+    assert all(len(messages) == 1 for messages in by_pattern.values()), "a message depends on more than the topics"
+    with pytest.raises(CheckError) as missed_one:
+        check_spot_the_error(set(WORKED_EXAMPLE_WRONG) - {4})  # the wrong statement of a topic not flagged ...
+    with pytest.raises(CheckError) as flagged_one:
+        check_spot_the_error(set(WORKED_EXAMPLE_WRONG) | {7})  # ... or its right statement flagged: one message
+    assert str(missed_one.value) == str(flagged_one.value)
 
 
 def test_worked_example_explanation_covers_every_statement():
@@ -514,4 +598,48 @@ SCALED_SCORE_BUGS = [
 def test_check_scaled_scores_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_scaled_scores(buggy)
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_check_attention_scale_accepts_the_library_and_the_reference(seed, capsys):
+    import torch.nn.functional as F
+
+    check_attention_scale(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), seed=seed)
+    check_attention_scale(attention.scaled_dot_product_attention, seed=seed)  # returns (out, weights)
+    check_attention_scale(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), seed=seed, B=1, H=1, T=2, S=3,
+                          Dk=9, Dv=2)
+    assert capsys.readouterr().out.count("all checks passed") == 3
+
+
+def _attention_with(scale_fn=None, after=1.0, naive=False):
+    """Attention with one deliberate change of scale (notebook 04's common pitfalls)."""
+
+    def fn(q, k, v):
+        scores = q @ k.transpose(-2, -1) * (scale_fn(q) if scale_fn else q.shape[-1] ** -0.5)
+        if naive:
+            weights = torch.exp(scores) / torch.exp(scores).sum(dim=-1, keepdim=True)
+        else:
+            weights = torch.softmax(scores, dim=-1)
+        return weights * after @ v
+
+    return fn
+
+
+ATTENTION_SCALE_BUGS = [
+    (_attention_with(lambda q: 1 / q.shape[-1]), "scaled twice"),
+    (_attention_with(lambda q: q.shape[-1] ** 0.5), "`scale=`"),
+    (_attention_with(lambda q: 1.0), "were not scaled"),
+    (_attention_with(lambda q: (q.shape[1] * q.shape[-1]) ** -0.5), "model width"),
+    (_attention_with(lambda q: 1.0, after=16 ** -0.5), "applied after the softmax"),
+    (_attention_with(after=16 ** -0.5), "as well as before"),
+    (_attention_with(naive=True), "exp overflows"),
+    (lambda q, k, v: None, "got None"),
+]
+
+
+@pytest.mark.parametrize(("buggy", "fragment"), ATTENTION_SCALE_BUGS)
+def test_check_attention_scale_names_the_bug(buggy, fragment):
+    with pytest.raises(CheckError) as err:
+        check_attention_scale(buggy)
     assert fragment in str(err.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -297,6 +298,16 @@ def _rotary_inplace(x, positions=None):
     return positional.apply_rotary(x, positions)
 
 
+def _rotary_angles_in_x_dtype(x, positions=None):
+    T, D = x.shape[-2:]
+    pos = torch.arange(T) if positions is None else positions
+    a = pos[:, None].to(x.dtype) * positional.frequencies(D).to(x.dtype)[None, :]  # bfloat16 angles for bfloat16 x
+    out = torch.empty_like(x)
+    out[..., 0::2] = x[..., 0::2] * a.cos() - x[..., 1::2] * a.sin()
+    out[..., 1::2] = x[..., 0::2] * a.sin() + x[..., 1::2] * a.cos()
+    return out
+
+
 ROTARY_BUGS = [
     (lambda x, positions=None: positional.apply_rotary(x, None if positions is None else -positions)
      if positions is not None else positional.apply_rotary(x, -torch.arange(x.shape[-2])), "the wrong way"),
@@ -304,6 +315,7 @@ ROTARY_BUGS = [
     (lambda x, positions=None: positional.apply_rotary(x), "the given positions were ignored"),
     (lambda x, positions=None: x, "the positions were ignored"),
     (_rotary_inplace, "changed x in place"),
+    (_rotary_angles_in_x_dtype, "the angles were computed in x's dtype"),
 ]
 
 
@@ -312,6 +324,30 @@ def test_check_apply_rotary_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_apply_rotary(buggy)
     assert fragment in str(err.value)
+
+
+def test_rotate_half_layout_is_the_interleaved_one_up_to_a_fixed_permutation():
+    """Notebook 06: pairs (m, m + D/2) (GPT-NeoX, LLaMA code) vs (2m, 2m + 1) (Su et al.)."""
+    g = torch.Generator().manual_seed(0)
+    T, D = 9, 16
+    x, y = torch.randn(2, T, D, generator=g), torch.randn(2, T, D, generator=g)
+    perm = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])  # interleaved feature of each rotate-half slot
+    positions = torch.tensor([0, 3, 1, 40, 7, 1000, 2, 5, 9])
+    torch.testing.assert_close(_rotary_halves(x[..., perm], positions), positional.apply_rotary(x, positions)[..., perm],
+                               atol=1e-6, rtol=0)
+    scores = positional.apply_rotary(x) @ positional.apply_rotary(y).mT  # (2, T, T)
+    torch.testing.assert_close(_rotary_halves(x[..., perm]) @ _rotary_halves(y[..., perm]).mT, scores, atol=1e-5, rtol=0)
+    assert not torch.allclose(_rotary_halves(x) @ _rotary_halves(y).mT, scores, atol=1e-2)  # unpermuted: other scores
+
+
+def test_rotary_angles_are_float32_whatever_the_dtype():
+    x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0))
+    far = torch.tensor([1000, 1001, 1002, 1003])  # bfloat16 rounds 1001 and 1002 to 1000
+    out16 = positional.apply_rotary(x.bfloat16(), far)
+    assert out16.dtype == torch.bfloat16
+    torch.testing.assert_close(out16.float(), positional.apply_rotary(x, far), atol=0.05, rtol=0.02)
+    assert not torch.allclose(_rotary_angles_in_x_dtype(x.bfloat16(), far).float(), positional.apply_rotary(x, far),
+                              atol=0.05, rtol=0.02)
 
 
 # --- the training experiments of notebooks 05 and 06 (short runs) ----------------
@@ -342,6 +378,11 @@ def test_neighbour_task_and_model():
     offsets, profile = neighbours.head_offset_profile(first.model, config)
     assert offsets[0] == -6 and len(offsets) == 12 and profile.shape == (2, 12)
     torch.testing.assert_close(profile.sum(dim=1), torch.ones(2))  # each head's weights sum to 1 per query
+    # notebook 05's single-head control: the same D, hence the same parameters, one weight pattern
+    single = neighbours.train_neighbour_model(dataclasses.replace(config, num_heads=1), seed=0)
+    assert sum(p.numel() for p in single.model.parameters()) == sum(p.numel() for p in first.model.parameters())
+    _, weights = single.model(neighbours.neighbour_test_set(config, 0)[0])
+    assert weights.shape == (config.test_size, 1, config.T, config.T)
 
 
 def test_order_models_and_reversal_task():
@@ -352,7 +393,14 @@ def test_order_models_and_reversal_task():
     for kind in order.POSITION_KINDS:
         result = order.train_order_model(config, positions=kind, seed=0)
         assert len(result.losses) == 3 and 0 <= result.accuracy <= 1
+        assert len(result.position_accuracy) == config.T
+        assert abs(sum(result.position_accuracy) / config.T - result.accuracy) < 1e-6
+        assert isinstance(result.model, order.OrderModel) and not result.model.training
         counts[kind] = result.parameters
+    # the learning rate is constant after the warm-up: a shorter run is a prefix of a longer one (notebook 06)
+    longer = order.train_order_model(order.ReversalConfig(steps=6, warmup=2, test_size=20), positions="learned", seed=1)
+    shorter = order.train_order_model(order.ReversalConfig(steps=4, warmup=2, test_size=20), positions="learned", seed=1)
+    assert shorter.losses == longer.losses[:4]
     assert counts["learned"] == counts["sinusoidal"] + config.T * config.D
     with pytest.raises(InputError, match="positions must be one of"):
         order.OrderModel(config, "absolute")

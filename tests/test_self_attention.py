@@ -93,6 +93,24 @@ def test_fully_masked_query_gets_zero_output_like_torch():
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-6, rtol=0)
 
 
+def test_what_torch_returns_for_a_fully_masked_query():
+    """Notebook 03, section 8 states this for the pinned torch; a new torch that changes it must change the text."""
+    q, k, v = _qkv(1, 1, 2, 3, 4, 4, seed=7)
+    q, k, v = q[0], k[0], v[0]  # (1, T, D), (1, S, D): one batch, no head axis
+    mask = torch.tensor([[False, False, False], [True, True, False]])  # True = may attend
+    fused = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert (fused[:, 0] == 0).all()  # zeros, not NaN
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(4, num_heads=1, batch_first=True)
+    with torch.no_grad():
+        torch.nn.init.normal_(mha.out_proj.bias)
+        out, weights = mha(q, k, v, attn_mask=~mask)  # its bool mask: True = ignore
+        fast, _ = mha(q, k, v, attn_mask=~mask, need_weights=False)
+    assert out[0, 0].isnan().all() and weights[0, 0].isnan().all()  # need_weights=True (default): NaN
+    assert torch.equal(fast[0, 0], mha.out_proj.bias)  # need_weights=False: zero attention, so out_proj's bias
+    torch.testing.assert_close(fast[0, 1], out[0, 1])
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
@@ -179,12 +197,41 @@ def test_fit_slope_recovers_a_known_slope():
     assert scaling.fit_slope([1, 10, 100], [3, 300, 30_000], log=True) == pytest.approx(2.0)
 
 
-def test_unscaled_softmax_saturates_and_its_gradient_vanishes():
+def test_unscaled_softmax_saturates_and_the_right_key_loses_its_gradient():
     sat = scaling.softmax_saturation([4, 64, 1024], num_queries=128)
     assert sat.entropy["unscaled"][0] > sat.entropy["unscaled"][1] > sat.entropy["unscaled"][2]
     assert sat.max_weight["unscaled"][-1] > 0.9 and max(sat.max_weight["scaled"]) < 0.35
-    assert sat.grad_norm["unscaled"][-1] < 0.25 * sat.grad_norm["scaled"][-1]
     assert max(sat.entropy["scaled"]) - min(sat.entropy["scaled"]) < 0.1  # scaled: the same at every Dk
+    assert sat.grad_norm["unscaled"][-1] < 0.25 * sat.grad_norm["scaled"][-1]  # dL/de shrinks ...
+    assert sat.grad_query["unscaled"][-1] > 3 * sat.grad_query["scaled"][-1]  # ... dL/dq grows, on average ...
+    assert sat.grad_query_median["unscaled"][-1] < 0.01 * sat.grad_query["unscaled"][-1]  # ... from a few queries
+    assert sat.split_grad_share["unscaled"][-1] > 0.9 > 0.5 > sat.split_fraction["unscaled"][-1]
+    assert sat.right_weight["unscaled"][-1] < 1e-10 < 0.03 < min(sat.right_weight["scaled"])
+
+
+def test_the_right_keys_score_gradient_is_minus_2_loss_times_its_weight():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(32, dtype=torch.float64, generator=g)
+    k = torch.randn(8, 32, dtype=torch.float64, generator=g)
+    v = torch.randn(8, 5, dtype=torch.float64, generator=g)
+    scores = (k @ q / 32**0.5).requires_grad_(True)  # (S,)
+    w = torch.softmax(scores, dim=-1)
+    loss = 0.5 * ((w @ v - v[3]) ** 2).sum()  # j* = 3, the loss softmax_saturation uses
+    loss.backward()
+    torch.testing.assert_close(scores.grad[3], -2 * loss.detach() * w[3].detach())
+
+
+def test_self_attention_diagonal_mean_grows_with_the_correlation_of_the_projections():
+    independent, tied = scaling.self_attention_diagonal([64], rhos=[0.0, 1.0], num_sentences=50)
+    assert abs(independent.diagonal_mean) < 0.1 and abs(tied.diagonal_mean - 1) < 0.1
+    assert independent.self_weight < 0.1 < 0.9 < tied.self_weight
+    assert 0.85 < independent.off_diagonal_variance < 1.15 and 0.85 < tied.off_diagonal_variance < 1.2
+
+
+def test_steps_to_learn():
+    assert scaling.steps_to_learn([5.0] * 10 + [0.5] * 10, threshold=1.0, window=10) == 19  # 5 + 9 * 0.5 < 10
+    assert scaling.steps_to_learn([5.0] * 30) is None
+    assert scaling.steps_to_learn([0.1] * 10) == 10
 
 
 def test_recall_training_is_reproducible_and_the_scale_is_the_only_difference():
@@ -192,8 +239,9 @@ def test_recall_training_is_reproducible_and_the_scale_is_the_only_difference():
     first = scaling.train_recall(config, scaled=True, seed=0)
     again = scaling.train_recall(config, scaled=True, seed=0)
     assert first == again
+    assert scaling.train_recall(config, seed=0, scale=1 / math.sqrt(config.Dk)) == first  # scale= overrides
     torch.manual_seed(0)
-    scaled = scaling.RecallModel(config, scale=1 / math.sqrt(config.d_k))
+    scaled = scaling.RecallModel(config, scale=1 / math.sqrt(config.Dk))
     torch.manual_seed(0)
     unscaled = scaling.RecallModel(config, scale=1.0)
     for a, b in zip(scaled.state_dict().values(), unscaled.state_dict().values()):
@@ -208,11 +256,14 @@ def test_recall_training_is_reproducible_and_the_scale_is_the_only_difference():
 
 
 def test_scaled_recall_learns_and_unscaled_lags():
-    config = scaling.RecallConfig(test_size=500)
+    config = scaling.RecallConfig(Dk=256, test_size=500)
     scaled = scaling.train_recall(config, scaled=True, seed=0)
     unscaled = scaling.train_recall(config, scaled=False, seed=0)
     assert scaled.accuracy >= 0.9 and unscaled.accuracy <= scaled.accuracy - 0.3
-    assert unscaled.initial_max_weight > 0.8 > 0.2 > scaled.initial_max_weight
+    assert unscaled.initial.max_weight > 0.8 > 0.2 > scaled.initial.max_weight
+    assert scaling.steps_to_learn(scaled.losses) is not None and scaling.steps_to_learn(unscaled.losses) is None
+    assert scaled.final.right_weight > 0.8 and scaled.final.score_std > 5 * scaled.initial.score_std
+    assert scaled.final.query_norm > scaled.initial.query_norm and scaled.final.key_norm > scaled.initial.key_norm
 
 
 def test_line_plots_and_their_errors():

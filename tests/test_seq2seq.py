@@ -164,6 +164,22 @@ def test_attention_decoder_step_matches_teacher_forcing():
     torch.testing.assert_close(gweights[0, 0], weights[0, 0])
 
 
+def test_attention_step_queries_with_the_state_before_the_update():
+    """Bahdanau's order (notebook 02): the weights of step i come from s_{i-1}, not from the new s_i."""
+    torch.manual_seed(0)
+    decoder = build_seq2seq(SMALL, 9, 9, "attention").decoder
+    enc_states, state = torch.randn(2, 5, 24), torch.randn(2, 12)
+    mask = lengths_mask([5, 3], 5)
+    keys = decoder.scorer.precompute(enc_states)
+    with torch.no_grad():
+        new_state, context, _, weights = decoder.step(torch.tensor([3, 4]), state, enc_states, keys, mask)
+        _, before = attend(decoder.scorer.score(state, keys), enc_states, mask)
+        _, after = attend(decoder.scorer.score(new_state, keys), enc_states, mask)
+    torch.testing.assert_close(weights, before)
+    assert not torch.allclose(weights, after, atol=1e-4)
+    torch.testing.assert_close(context, torch.einsum("bs,bsd->bd", weights, enc_states))
+
+
 def test_decoders_are_the_expected_classes():
     config = SMALL
     assert isinstance(build_seq2seq(config, 9, 9, "plain").decoder, PlainDecoder)
@@ -275,3 +291,24 @@ def test_sequence_exact_match_ignores_padding_and_needs_every_real_token():
     targets = torch.tensor([[5, 6, 2, 0], [5, 6, 7, 2], [5, 2, 0, 0]])
     tokens = torch.tensor([[5, 6, 2, 9], [5, 6, 7, 3], [5, 2, 0, 4]])
     assert sequence_exact_match(tokens, targets).tolist() == [True, False, True]
+
+
+def test_plain_greedy_decode_is_what_seq2seq_runs_and_steps_match_teacher_forcing():
+    """Notebook 01 writes out plain_greedy_decode; Seq2Seq.greedy_decode runs exactly it for a plain decoder."""
+    from course_utils.blocks.seq2seq import plain_greedy_decode
+
+    torch.manual_seed(0)
+    vocab = reversal_vocab(6)
+    model = build_seq2seq(SMALL, len(vocab), len(vocab), "plain").eval()
+    batch = make_batch([("abcab", "bacba"), ("fed", "def")], vocab, vocab)
+    tokens, weights = model.greedy_decode(batch.src, batch.src_lengths, max_len=8)
+    alone = plain_greedy_decode(model.encoder, model.decoder, batch.src, batch.src_lengths, 8)
+    assert weights is None and torch.equal(tokens, alone)
+    with torch.no_grad():  # one step at a time, fed the true previous tokens = one teacher-forced call
+        _, context = model.encoder(batch.src, batch.src_lengths)
+        logits, _ = model.decoder(batch.tgt_in, context)
+        state, stepped = model.decoder.initial_state(context), []
+        for i in range(batch.tgt_in.shape[1]):
+            step_logits, state = model.decoder.step(batch.tgt_in[:, i], state, context)
+            stepped.append(step_logits)
+    torch.testing.assert_close(torch.stack(stepped, dim=1), logits, atol=1e-5, rtol=1e-5)

@@ -37,7 +37,7 @@ def test_encoder_block_matches_nn_transformer_encoder_layer(norm_first, activati
     torch.manual_seed(1)
     theirs = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, activation=activation, batch_first=True,
                                         norm_first=norm_first).eval()
-    ours = TransformerEncoderBlock.from_torch(theirs).eval()
+    ours = transformer.block_from_torch(theirs, TransformerEncoderBlock).eval()
     x = torch.randn(3, 7, 32)
     pad = masks.padding_mask(torch.tensor([7, 5, 2]), 7)  # (B, 1, S), True = may attend
     causal = masks.causal_mask(7)
@@ -53,7 +53,7 @@ def test_decoder_block_matches_nn_transformer_decoder_layer(norm_first, activati
     torch.manual_seed(2)
     theirs = nn.TransformerDecoderLayer(32, 4, 64, dropout=0.0, activation=activation, batch_first=True,
                                         norm_first=norm_first).eval()
-    ours = TransformerDecoderBlock.from_torch(theirs).eval()
+    ours = transformer.block_from_torch(theirs, TransformerDecoderBlock).eval()
     x, memory = torch.randn(2, 6, 32), torch.randn(2, 9, 32)
     pad = masks.padding_mask(torch.tensor([9, 4]), 9)
     with torch.no_grad():
@@ -84,11 +84,16 @@ def test_residual_adds_and_places_the_norm():
     torch.testing.assert_close(transformer.residual(x, double, norm, norm_first=False), norm(3 * x))
 
 
-def test_from_torch_rejects_other_modules_and_activations():
+def test_block_from_torch_rejects_other_modules_activations_and_block_kinds():
     with pytest.raises(InputError, match="expected an nn.TransformerEncoderLayer"):
-        TransformerEncoderBlock.from_torch(nn.Linear(2, 2))
+        transformer.block_from_torch(nn.Linear(2, 2), TransformerEncoderBlock)
     with pytest.raises(InputError, match="'relu' or 'gelu'"):
-        TransformerEncoderBlock.from_torch(nn.TransformerEncoderLayer(8, 2, 16, activation=torch.tanh, batch_first=True))
+        transformer.block_from_torch(nn.TransformerEncoderLayer(8, 2, 16, activation=torch.tanh, batch_first=True),
+                                     TransformerEncoderBlock)
+    with pytest.raises(InputError, match="needs a decoder block class"):
+        transformer.block_from_torch(nn.TransformerDecoderLayer(8, 2, 16, batch_first=True), TransformerEncoderBlock)
+    with pytest.raises(InputError, match="needs an encoder block class"):
+        transformer.block_from_torch(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), TransformerDecoderBlock)
     with pytest.raises(InputError, match="activation must be"):
         transformer.FeedForward(8, 16, activation="tanh")
 
@@ -179,3 +184,55 @@ def test_gradients_fade_without_residuals_and_pre_ln_reaches_the_first_block():
     assert 1 / 3 < pre[0] / post[0] < 3  # with its final LayerNorm, pre-LN's gradients are of post-LN's order
     unnormalised = deep_stacks.gradient_norms_by_layer(24, norm_first=True, final_norm=False)
     assert unnormalised[0] > 5 * pre[0]  # without it the raw residual stream reaches the loss (Xiong et al.'s setup has one)
+
+
+# --- dropout, the complete model, the warm-up runs ------------------------------
+
+
+def test_dropout_acts_in_training_mode_only_in_blocks_and_the_model():
+    torch.manual_seed(5)
+    block = TransformerEncoderBlock(16, 2, 32, dropout=0.3)
+    plain = TransformerEncoderBlock(16, 2, 32, dropout=0.0)
+    plain.load_state_dict(block.state_dict())
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        assert not torch.equal(block.train()(x), block(x))
+        assert torch.equal(block.eval()(x), plain.eval()(x))
+    model = transformer.TransformerSeq2Seq(13, 13, d_model=16, num_heads=2, d_ff=32, dropout=0.3)
+    reference = transformer.TransformerSeq2Seq(13, 13, d_model=16, num_heads=2, d_ff=32, dropout=0.0)
+    reference.load_state_dict(model.state_dict())
+    src, lengths, tgt_in = torch.tensor([[4, 5, 6], [7, 8, 0]]), torch.tensor([3, 2]), torch.tensor([[1, 6, 5], [1, 8, 7]])
+    with torch.no_grad():
+        assert not torch.equal(model.train()(src, lengths, tgt_in), model(src, lengths, tgt_in))
+        torch.testing.assert_close(model.eval()(src, lengths, tgt_in), reference.eval()(src, lengths, tgt_in), atol=0, rtol=0)
+
+
+def test_block_from_torch_copies_dropout_and_norm_placement():
+    theirs = nn.TransformerDecoderLayer(16, 2, 32, dropout=0.2, batch_first=True, norm_first=True)
+    ours = transformer.block_from_torch(theirs, TransformerDecoderBlock)
+    assert ours.norm_first and ours.dropout1.p == ours.feed_forward.dropout.p == 0.2
+
+
+def test_teacher_forced_loss_scores_tgt_out_from_tgt_in():
+    from course_utils.blocks.seq2seq import sequence_loss
+    from course_utils.experiments.data import make_batch, reversal_vocab
+    from course_utils.experiments.training import teacher_forced_loss
+
+    torch.manual_seed(6)
+    vocab = reversal_vocab(10)
+    model = transformer.TransformerSeq2Seq(len(vocab), len(vocab), d_model=16, num_heads=2, d_ff=32).eval()
+    batch = make_batch([("abc", "cba"), ("defgh", "hgfed")], vocab, vocab)
+    with torch.no_grad():
+        expected = sequence_loss(model(batch.src, batch.src_lengths, batch.tgt_in), batch.tgt_out)
+        torch.testing.assert_close(teacher_forced_loss(model, batch), expected)
+
+
+def test_train_reversal_stack_is_deterministic_and_reports_every_step():
+    import dataclasses
+
+    tiny = dataclasses.replace(deep_stacks.WarmupConfig(), depth=2, steps=6, warmup_steps=3, n_test=32)
+    first = deep_stacks.train_reversal_stack(False, tiny, seed=1)
+    again = deep_stacks.train_reversal_stack(False, tiny, seed=1)
+    assert first == again and len(first.losses) == 6 and 0.0 <= first.accuracy <= 1.0
+    pre = deep_stacks.train_reversal_stack(True, dataclasses.replace(tiny, warmup_steps=0), seed=1)
+    assert pre.losses != first.losses

@@ -138,7 +138,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
     """Entropy of each query's attention distribution, in nats (notebook 04, exercise 1).
 
-    H_i = -sum_j w_ij log w_ij, with 0 log 0 = 0: ln(S) for uniform weights over
+    entropy_i = -sum_j w_ij ln w_ij, with 0 ln 0 = 0: ln(S) for uniform weights over
     S keys, 0 for a one-hot row.
 
     Args:

@@ -151,8 +151,13 @@ class MultiHeadAttention(nn.Module):
         """Copy the weights of ``nn.MultiheadAttention(D, H, batch_first=True)`` into this class.
 
         PyTorch packs the three input projections into one ``in_proj_weight``
-        of shape (3D, D): rows 0..D-1 are W_Q, D..2D-1 are W_K, 2D..3D-1 are W_V
-        (three separate matrices, stored together, not one shared projection).
+        of shape (3D, D): rows 0..D-1 for the queries, D..2D-1 for the keys,
+        2D..3D-1 for the values (three separate matrices, stored together, not
+        one shared projection). Like every ``nn.Linear`` weight, each block is
+        stored as (out, in) and applied as x W^T, so in the course's convention
+        q = x W_Q the rows 0..D-1 are W_Q^T (and likewise W_K^T, W_V^T; and
+        ``out_proj.weight`` is W_O^T). They are copied into our ``nn.Linear``
+        layers, which store their weights the same way.
 
         Raises:
             InputError: For settings this class does not model (separate key/value
@@ -217,7 +222,11 @@ def ablate_head(module: MultiHeadAttention, head: int) -> Iterator[None]:
 
 
 def attention_cost(T: int, S: int, d_model: int, num_heads: int) -> dict[str, int]:
-    """Parameters and multiply-adds of one multi-head attention layer (with biases), counted.
+    """Parameters and multiply-adds of one multi-head attention layer (with biases), counted for one sequence.
+
+    A batch of B sequences costs B times the multiply-adds. What does grow with H
+    is not counted here: the H * T * S scores per sequence, each scaled, masked,
+    exponentiated, normalised and stored in the (B, H, T, S) weights.
 
     Returns:
         ``{"parameters", "projections", "scores", "weighted_sum", "total"}``: the

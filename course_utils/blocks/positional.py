@@ -6,6 +6,10 @@ Self-attention without positions is permutation-equivariant: it cannot tell
 * sinusoidal encodings added to the embeddings, Vaswani et al. 2017, §3.5;
 * learned position embeddings (``nn.Embedding(max_len, D)``), same paper, Table 3 row (E);
 * rotary embeddings (RoPE) applied to queries and keys, Su et al. 2021, arXiv:2104.09864.
+
+Notation (notebook 00): p is a position and m a feature-pair index, both from 0;
+pair m of a vector of width D is the features (2m, 2m + 1) and turns with the
+angular frequency theta_m = 10000^(-2m/D).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ def validate_positions(T: int, D: int) -> None:
 
 
 def frequencies(D: int, base: float = 10000.0) -> torch.Tensor:
-    """The D/2 angular frequencies w_i = base^(-2i/D), i = 0 .. D/2 - 1, from fast to slow.
+    """The D/2 angular frequencies theta_m = base^(-2m/D), m = 0 .. D/2 - 1, from fast to slow.
 
     Returns:
         (D/2,) float32.
@@ -39,10 +43,10 @@ def frequencies(D: int, base: float = 10000.0) -> torch.Tensor:
 
 
 def sinusoidal_positional_encoding(T: int, D: int) -> torch.Tensor:
-    """PE[p, 2i] = sin(p w_i), PE[p, 2i + 1] = cos(p w_i), w_i = 10000^(-2i/D) (notebook 06, exercise 1).
+    """PE[p, 2m] = sin(p theta_m), PE[p, 2m + 1] = cos(p theta_m), theta_m = 10000^(-2m/D) (notebook 06, exercise 1).
 
-    Vaswani et al. 2017, §3.5. Pair i of every row is a point on a circle that
-    turns with frequency w_i as the position p grows.
+    Vaswani et al. 2017, §3.5. Pair m of every row is a point on a circle that
+    turns with frequency theta_m as the position p grows.
 
     Args:
         T: Number of positions (0 .. T - 1).
@@ -64,10 +68,10 @@ def sinusoidal_positional_encoding(T: int, D: int) -> torch.Tensor:
 
 
 def shift_matrix(k: int, D: int, base: float = 10000.0) -> torch.Tensor:
-    """The fixed linear map M_k with PE[p + k] = PE[p] @ M_k for every position p (notebook 06).
+    """The fixed linear map M with PE[p + k] = PE[p] @ M for every position p (notebook 06).
 
-    Block-diagonal: the 2x2 block of pair i is [[cos k w_i, -sin k w_i], [sin k w_i, cos k w_i]],
-    a rotation by the angle k w_i. It depends on the offset k, not on p.
+    Block-diagonal: the 2x2 block of pair m is [[cos k theta_m, -sin k theta_m], [sin k theta_m, cos k theta_m]],
+    a rotation by the angle k theta_m. It depends on the offset k, not on p.
 
     Returns:
         (D, D) float32.
@@ -75,25 +79,28 @@ def shift_matrix(k: int, D: int, base: float = 10000.0) -> torch.Tensor:
     validate_positions(max(k, 0) + 1, D)
     angles = k * frequencies(D, base)  # (D/2,)
     M = torch.zeros(D, D)
-    M[0::2, 0::2] = torch.diag(torch.cos(angles))  # sin part keeps cos(k w) of itself
-    M[1::2, 0::2] = torch.diag(torch.sin(angles))  # ... and takes sin(k w) of the cos part
+    M[0::2, 0::2] = torch.diag(torch.cos(angles))  # sin part keeps cos(k theta) of itself
+    M[1::2, 0::2] = torch.diag(torch.sin(angles))  # ... and takes sin(k theta) of the cos part
     M[0::2, 1::2] = torch.diag(-torch.sin(angles))
     M[1::2, 1::2] = torch.diag(torch.cos(angles))
     return M
 
 
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """Rotary position embedding: rotate pair (2i, 2i+1) of the token at position p by p w_i (notebook 06, exercise 2).
+    """Rotary position embedding (RoPE): rotate pair (2m, 2m+1) at position p by p theta_m (notebook 06, exercise 2).
 
-    Su et al. 2021. Applied to queries and keys, it makes q_m · k_n depend on
-    the positions only through n - m.
+    Su et al. 2021 (the paper's interleaved pairs). Applied to queries and keys,
+    it makes the score of query i and key j depend on the positions only
+    through j - i. The angles are computed in float32 whatever x's dtype (in
+    bfloat16, positions 1000, 1001 and 1002 would get the same angle); cos and
+    sin are then cast to x's dtype.
 
     Args:
-        x: (..., T, D) float, D even (queries or keys; per head: D = Dh).
+        x: (..., T, D) float, D even (queries or keys; per head: D = Dk = Dh).
         positions: (T,) int64 positions of the T tokens; None = 0 .. T - 1.
 
     Returns:
-        (..., T, D) float, the rotated x.
+        (..., T, D), the rotated x, in x's dtype.
 
     Raises:
         InputError: If D is odd or ``positions`` does not have T entries.
@@ -103,8 +110,8 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torc
     positions = torch.arange(T) if positions is None else positions
     if positions.shape != (T,):
         raise InputError(f"positions must have shape (T,) = ({T},), got {tuple(positions.shape)}")
-    angles = positions[:, None].to(x.dtype) * frequencies(D).to(x.dtype)[None, :]  # (T, 1) * (1, D/2) -> (T, D/2)
-    cos, sin = torch.cos(angles), torch.sin(angles)  # (T, D/2) each
+    angles = positions[:, None].float() * frequencies(D)[None, :]  # (T, 1) * (1, D/2) -> (T, D/2), float32
+    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)  # (T, D/2) each, in x's dtype
     even, odd = x[..., 0::2], x[..., 1::2]  # (..., T, D/2) each
     out = torch.empty_like(x)
     out[..., 0::2] = even * cos - odd * sin  # rotate each pair (even, odd) by its angle

@@ -52,7 +52,7 @@ def bilinear_scores(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor) ->
 
 
 class AdditiveScore(nn.Module):
-    """Bahdanau's additive score ``v^T tanh(W_q q + W_k k_j)``.
+    """Bahdanau's additive score ``v^T tanh(W_q q + W_k k_j + b)`` (``b`` is the bias of ``W_k``).
 
     Args:
         query_size: ``Dq``.
@@ -92,10 +92,10 @@ class AdditiveScore(nn.Module):
 
 
 class ConcatScore(nn.Module):
-    """The "concat" score ``v^T tanh(W [q; k_j])`` (Luong et al. 2015).
+    """The "concat" score ``v^T tanh(W [q; k_j] + b)`` (Luong et al. 2015).
 
     Writing ``W = [W_q  W_k]`` in two column blocks gives
-    ``W [q; k] = W_q q + W_k k``: this *is* the additive score. The code
+    ``W [q; k] + b = W_q q + W_k k + b``: this *is* the additive score. The code
     below builds the concatenation literally (broadcasting the query over the
     source positions), which costs more than :class:`AdditiveScore`.
     """

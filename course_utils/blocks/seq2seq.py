@@ -12,7 +12,7 @@ decoder GRU at every step:
   encoder state (the score functions are in :mod:`course_utils.blocks.scorers`).
 
 Dimension letters in shape comments: ``B`` batch, ``S`` source length,
-``T`` target length, ``H`` hidden size (per direction), ``D`` a width
+``T`` target length, ``R`` GRU state size (per direction), ``D`` a width
 (``Dq`` query, ``Dk`` key, ``Dv`` value, ``A`` attention size), ``E`` embedding
 size, ``V`` vocabulary size. Masks are boolean, ``True`` = a real token that
 may be attended to.
@@ -50,8 +50,8 @@ class Seq2SeqConfig:
     n_test_per_length: int = 100  # reversal: test pairs per source length; dates: n_test_per_length * 10 pairs
     # --- model ---
     embed_size: int = 32  # E: token embedding size (encoder and decoder)
-    hidden_size: int = 64  # H: GRU hidden size (per direction in the encoder; the decoder has H)
-    bidirectional: bool = True  # encoder reads the source both ways, states are 2H wide
+    hidden_size: int = 64  # R: GRU state size (per direction in the encoder; the decoder's state has R)
+    bidirectional: bool = True  # encoder reads the source both ways, states are 2R wide (else R)
     score: ScoreKind = "additive"  # attention score function (attention decoder only)
     attn_size: int = 64  # A: width of the additive / concat scorer's hidden layer
     # --- transformer (decoder="transformer", notebook 07) ---
@@ -86,28 +86,29 @@ def final_states(states: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     which is a padding position for every sequence shorter than ``S``.
 
     Args:
-        states: ``(B, S, H)`` float, the RNN state at every position.
+        states: ``(B, S, R)`` float, the RNN state at every position.
         lengths: ``(B,)`` int64, real lengths, each in ``[1, S]``.
 
     Returns:
-        ``(B, H)`` float, ``states[b, lengths[b] - 1]`` for every ``b``.
+        ``(B, R)`` float, ``states[b, lengths[b] - 1]`` for every ``b``.
     """
     rows = torch.arange(states.shape[0], device=states.device)  # (B,)
-    return states[rows, lengths - 1]  # (B, S, H) indexed at (B,) x (B,) -> (B, H)
+    return states[rows, lengths - 1]  # (B, S, R) indexed at (B,) x (B,) -> (B, R)
 
 
 class Encoder(nn.Module):
-    """Embedding + (bi)GRU over the source.
+    """Embedding + (bi)GRU over the source (notebook 01).
 
-    Bidirectional by default, as in Bahdanau et al.: the state at position
-    ``j`` then summarises the source both before and after ``j``, which is
-    what an attention read at ``j`` should return. Padding is packed away, so
-    padded positions never influence the real states.
+    Bidirectional by default, as in Bahdanau et al.: the state ``h_j`` at
+    position ``j`` then summarises the source both before and after ``j``,
+    which is what an attention read at ``j`` should return (notebook 02).
+    Padding is packed away, so padded positions never influence the real
+    states, and come back as zeros.
 
     Args:
         vocab_size: Source vocabulary size ``V``.
         embed_size: Embedding size ``E``.
-        hidden_size: GRU hidden size ``H`` per direction.
+        hidden_size: GRU state size ``R`` per direction.
         bidirectional: Run a second GRU right-to-left and concatenate.
     """
 
@@ -115,7 +116,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=0)
         self.gru = nn.GRU(embed_size, hidden_size, batch_first=True, bidirectional=bidirectional)
-        self.out_size = hidden_size * (2 if bidirectional else 1)  # Dk = 2H or H
+        self.out_size = hidden_size * (2 if bidirectional else 1)  # width of h_j and c: 2R, or R one way
 
     def forward(self, src: torch.Tensor, src_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode a padded batch.
@@ -125,16 +126,17 @@ class Encoder(nn.Module):
             src_lengths: Real lengths, ``(B,)``.
 
         Returns:
-            ``states`` ``(B, S, Dk)`` (zeros at padded positions) and
-            ``final`` ``(B, Dk)``: the last forward state concatenated with the
-            last (i.e. first-position) backward state.
+            ``states`` ``(B, S, 2R)`` (zeros at padded positions) and the
+            context vector ``c`` ``(B, 2R)``: the left-to-right GRU's state at
+            the last real token concatenated with the right-to-left GRU's
+            state at position 0 (``R`` instead of ``2R`` if one-directional).
         """
         emb = self.embedding(src)  # (B, S) -> (B, S, E)
         packed = pack_padded_sequence(emb, src_lengths.cpu(), batch_first=True, enforce_sorted=False)
-        packed_states, h_n = self.gru(packed)  # h_n: (num_directions, B, H)
-        states, _ = pad_packed_sequence(packed_states, batch_first=True, total_length=src.shape[1])  # (B, S, Dk)
-        final = torch.cat(list(h_n), dim=-1)  # num_directions x (B, H) -> (B, Dk)
-        return states, final
+        packed_states, last = self.gru(packed)  # last: (directions, B, R), each direction's final state
+        states, _ = pad_packed_sequence(packed_states, batch_first=True, total_length=src.shape[1])  # (B, S, 2R)
+        context = torch.cat(list(last), dim=-1)  # directions x (B, R) -> (B, 2R)
+        return states, context
 
 
 # --------------------------------------------------------------------------
@@ -143,87 +145,126 @@ class Encoder(nn.Module):
 
 
 class PlainDecoder(nn.Module):
-    """GRU decoder conditioned only on the encoder's final state (the bottleneck).
+    """GRU decoder that sees the source only through one context vector ``c`` (notebook 01).
 
-    As in Cho et al. (2014): the fixed context ``c`` (the encoder's final
-    state) initialises the decoder state and is fed again at every step::
+    As in Cho et al. (2014): ``c``, the encoder's final state, sets the
+    initial state and is fed again at every step ``i = 0, 1, ...``, with
+    ``y_{-1} = <sos>``::
 
-        s_0 = tanh(W_init c)
+        s_{-1} = tanh(W_init c)
         s_i = GRU([emb(y_{i-1}); c], s_{i-1})
         logits_i = W_out [s_i; c; emb(y_{i-1})]
 
     Args:
         vocab_size: Target vocabulary size ``V``.
         embed_size: ``E``.
-        hidden_size: Decoder GRU size ``H``.
-        context_size: Width ``Dk`` of the encoder's final state.
+        hidden_size: Decoder state size ``R``.
+        context_size: Width of ``c``: ``2R`` after a bidirectional encoder, ``R`` after a one-directional one.
     """
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, context_size: int):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=0)
-        self.init_state = nn.Linear(context_size, hidden_size)
+        self.init_state = nn.Linear(context_size, hidden_size)  # W_init
         self.gru = nn.GRU(embed_size + context_size, hidden_size, batch_first=True)
-        self.out = nn.Linear(hidden_size + context_size + embed_size, vocab_size)
+        self.out = nn.Linear(hidden_size + context_size + embed_size, vocab_size)  # W_out
 
-    def initial_state(self, enc_final: torch.Tensor) -> torch.Tensor:
-        """``s_0 = tanh(W_init c)``, ``(B, Dk) -> (B, H)``."""
-        return torch.tanh(self.init_state(enc_final))  # (B, Dk) -> (B, H)
-
-    def step(
-        self, y_prev: torch.Tensor, state: torch.Tensor, enc_final: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decoding step.
-
-        Args:
-            y_prev: Previous tokens ``(B,)``.
-            state: ``s_{i-1}``, ``(B, H)``.
-            enc_final: ``c``, ``(B, Dk)``.
-
-        Returns:
-            ``logits`` ``(B, V)`` and the new state ``s_i`` ``(B, H)``.
-        """
-        logits, state = self.forward(y_prev.unsqueeze(1), enc_final, state=state)  # (B,) -> (B, 1)
-        return logits.squeeze(1), state  # (B, 1, V) -> (B, V)
+    def initial_state(self, context: torch.Tensor) -> torch.Tensor:
+        """``s_{-1} = tanh(W_init c)``, ``(B, 2R) -> (B, R)``."""
+        return torch.tanh(self.init_state(context))  # (B, 2R) -> (B, R)
 
     def forward(
-        self, tgt_in: torch.Tensor, enc_final: torch.Tensor, state: torch.Tensor | None = None
+        self, tgt_in: torch.Tensor, context: torch.Tensor, state: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced decoding of a whole target (one cuDNN-style GRU call).
+        """Teacher forcing: every step in one GRU call, each fed the true previous token.
 
         Args:
-            tgt_in: Decoder inputs ``<sos> y_1 ...``, ``(B, T)``.
-            enc_final: The encoder's final state ``c``, ``(B, Dk)``.
-            state: Optional ``s_0`` ``(B, H)``; default ``tanh(W_init c)``.
+            tgt_in: Decoder inputs ``<sos> y_0 ... y_{T-2}``, ``(B, T)``.
+            context: The context vector ``c``, ``(B, 2R)``.
+            state: The state before the first step, ``(B, R)``; default ``s_{-1} = tanh(W_init c)``.
 
         Returns:
-            ``logits`` ``(B, T, V)`` and the last state ``(B, H)``.
+            ``logits`` ``(B, T, V)`` for ``y_0 ... y_{T-1}``, and the last state ``(B, R)``.
         """
         if state is None:
-            state = self.initial_state(enc_final)  # (B, H)
+            state = self.initial_state(context)  # s_{-1}: (B, R)
         emb = self.embedding(tgt_in)  # (B, T) -> (B, T, E)
-        context = enc_final.unsqueeze(1).expand(-1, tgt_in.shape[1], -1)  # (B, Dk) -> (B, T, Dk): same c every step
-        states, h_n = self.gru(torch.cat([emb, context], dim=-1), state.unsqueeze(0))  # (B, T, E+Dk) -> (B, T, H)
-        logits = self.out(torch.cat([states, context, emb], dim=-1))  # (B, T, H+Dk+E) -> (B, T, V)
-        return logits, h_n.squeeze(0)  # (1, B, H) -> (B, H)
+        repeated = context.unsqueeze(1).expand(-1, tgt_in.shape[1], -1)  # (B, 2R) -> (B, T, 2R): c at every step
+        states, last = self.gru(torch.cat([emb, repeated], dim=-1), state.unsqueeze(0))  # (B, T, E+2R) -> (B, T, R)
+        logits = self.out(torch.cat([states, repeated, emb], dim=-1))  # (B, T, R+2R+E) -> (B, T, V)
+        return logits, last.squeeze(0)  # (1, B, R) -> (B, R)
+
+    def step(
+        self, y_prev: torch.Tensor, state: torch.Tensor, context: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoding step: :meth:`forward` on a target of length 1.
+
+        Args:
+            y_prev: Previous tokens ``y_{i-1}``, ``(B,)``.
+            state: ``s_{i-1}``, ``(B, R)``.
+            context: ``c``, ``(B, 2R)``.
+
+        Returns:
+            ``logits`` of ``y_i`` ``(B, V)`` and the new state ``s_i`` ``(B, R)``.
+        """
+        logits, state = self.forward(y_prev.unsqueeze(1), context, state=state)  # (B,) -> (B, 1)
+        return logits.squeeze(1), state  # (B, 1, V) -> (B, V)
+
+
+@torch.no_grad()
+def plain_greedy_decode(encoder: Encoder, decoder: PlainDecoder, src: torch.Tensor, src_lengths: torch.Tensor,
+                        max_len: int, sos_id: int = 1, eos_id: int = 2) -> torch.Tensor:
+    """Greedy decoding with the plain decoder: feed back its own most likely token (notebook 01).
+
+    What :meth:`Seq2Seq.greedy_decode` runs for a :class:`PlainDecoder`.
+
+    Args:
+        encoder: An :class:`Encoder`.
+        decoder: A :class:`PlainDecoder`.
+        src: ``(B, S)`` source ids.
+        src_lengths: ``(B,)``.
+        max_len: Maximum number of output tokens (including ``<eos>``).
+        sos_id: Id of ``<sos>``, the input of the first step.
+        eos_id: Id of ``<eos>``; decoding stops once every row has written it.
+
+    Returns:
+        ``tokens`` ``(B, T')`` with ``T' <= max_len``; positions after a row's
+        ``<eos>`` hold arbitrary tokens.
+    """
+    _, context = encoder(src, src_lengths)  # c: (B, 2R)
+    state = decoder.initial_state(context)  # s_{-1}: (B, R)
+    y = torch.full((src.shape[0],), sos_id, dtype=torch.long, device=src.device)  # (B,): y_{-1} = <sos>
+    done = torch.zeros_like(y, dtype=torch.bool)  # (B,): rows that have written <eos>
+    tokens = []
+    for _ in range(max_len):
+        logits, state = decoder.step(y, state, context)  # (B, V), s_i (B, R)
+        y = logits.argmax(dim=-1)  # (B, V) -> (B,): its own guess is the next step's input
+        tokens.append(y)
+        done = done | (y == eos_id)
+        if bool(done.all()):
+            break
+    return torch.stack(tokens, dim=1)  # T' x (B,) -> (B, T')
 
 
 class AttentionDecoder(nn.Module):
     """GRU decoder with Bahdanau attention over all encoder states.
 
     Identical to :class:`PlainDecoder` except that the context is recomputed
-    at every step from the previous state::
+    at every output step ``i = 0, 1, ...``, queried with the state *before*
+    the GRU update (Bahdanau et al. 2014; Luong et al. 2015 query with the
+    updated state instead)::
 
-        s_0 = tanh(W_init c_final)
-        a_i = attend(score(s_{i-1}, h_1..h_S))      # weights over source positions
-        c_i = sum_j a_ij h_j
+        s_{-1} = tanh(W_init c_final)               # y_{-1} is <sos>
+        e_ij = score(s_{i-1}, h_j), j = 0 .. S-1    # scores over source positions
+        w_i = masked softmax of e_i over j          # weights (Bahdanau's alpha_ij)
+        c_i = sum_j w_ij h_j
         s_i = GRU([emb(y_{i-1}); c_i], s_{i-1})
         logits_i = W_out [s_i; c_i; emb(y_{i-1})]
 
     Args:
         vocab_size: Target vocabulary size ``V``.
         embed_size: ``E``.
-        hidden_size: Decoder GRU size ``H``.
+        hidden_size: Decoder GRU size ``R``.
         context_size: Width ``Dk`` of the encoder states.
         scorer: A score module (e.g. :class:`AdditiveScore`) with
             ``precompute(keys)`` and ``score(query, precomputed)``.
@@ -238,8 +279,8 @@ class AttentionDecoder(nn.Module):
         self.out = nn.Linear(hidden_size + context_size + embed_size, vocab_size)
 
     def initial_state(self, enc_final: torch.Tensor) -> torch.Tensor:
-        """``s_0 = tanh(W_init c_final)``, ``(B, Dk) -> (B, H)``."""
-        return torch.tanh(self.init_state(enc_final))  # (B, Dk) -> (B, H)
+        """``s_{-1} = tanh(W_init c_final)``, ``(B, Dk) -> (B, R)``."""
+        return torch.tanh(self.init_state(enc_final))  # (B, Dk) -> (B, R)
 
     def step(
         self,
@@ -253,20 +294,20 @@ class AttentionDecoder(nn.Module):
 
         Args:
             y_prev: Previous tokens ``(B,)``.
-            state: ``s_{i-1}``, ``(B, H)``.
+            state: ``s_{i-1}``, ``(B, R)``: the query, taken before the update.
             enc_states: Encoder states (the values), ``(B, S, Dk)``.
             keys: ``scorer.precompute(enc_states)``.
             mask: ``(B, S)`` bool, True on real source tokens.
 
         Returns:
-            ``state`` ``s_i`` ``(B, H)``, ``context`` ``c_i`` ``(B, Dk)``,
+            ``state`` ``s_i`` ``(B, R)``, ``context`` ``c_i`` ``(B, Dk)``,
             ``emb`` ``(B, E)`` and ``weights`` ``(B, S)``. (The output layer
             is applied outside, to all steps at once.)
         """
-        scores = self.scorer.score(state, keys)  # query (B, H), keys (B, S, .) -> (B, S)
+        scores = self.scorer.score(state, keys)  # query s_{i-1} (B, R), keys (B, S, .) -> (B, S)
         context, weights = attend(scores, enc_states, mask)  # (B, Dk), (B, S)
         emb = self.embedding(y_prev)  # (B,) -> (B, E)
-        state = self.cell(torch.cat([emb, context], dim=-1), state)  # (B, E+Dk) -> (B, H)
+        state = self.cell(torch.cat([emb, context], dim=-1), state)  # (B, E+Dk), (B, R) -> s_i (B, R)
         return state, context, emb, weights
 
     def forward(
@@ -283,14 +324,14 @@ class AttentionDecoder(nn.Module):
         Returns:
             ``logits`` ``(B, T, V)`` and attention ``weights`` ``(B, T, S)``.
         """
-        state = self.initial_state(enc_final)  # (B, H)
+        state = self.initial_state(enc_final)  # s_{-1} (B, R)
         keys = self.scorer.precompute(enc_states)  # once per sequence, e.g. (B, S, Dk) -> (B, S, A)
         outs, all_weights = [], []
-        for t in range(tgt_in.shape[1]):
-            state, context, emb, weights = self.step(tgt_in[:, t], state, enc_states, keys, mask)
-            outs.append(torch.cat([state, context, emb], dim=-1))  # (B, H+Dk+E)
+        for i in range(tgt_in.shape[1]):
+            state, context, emb, weights = self.step(tgt_in[:, i], state, enc_states, keys, mask)
+            outs.append(torch.cat([state, context, emb], dim=-1))  # (B, R+Dk+E)
             all_weights.append(weights)
-        logits = self.out(torch.stack(outs, dim=1))  # T x (B, H+Dk+E) -> (B, T, H+Dk+E) -> (B, T, V)
+        logits = self.out(torch.stack(outs, dim=1))  # T x (B, R+Dk+E) -> (B, T, R+Dk+E) -> (B, T, V)
         return logits, torch.stack(all_weights, dim=1)  # T x (B, S) -> (B, T, S)
 
 
@@ -338,10 +379,10 @@ class Seq2Seq(nn.Module):
         Args:
             src: ``(B, S)`` source ids.
             src_lengths: ``(B,)``.
-            tgt_in: ``(B, T)`` decoder inputs ``<sos> y_1 ... y_{T-1}``.
+            tgt_in: ``(B, T)`` decoder inputs ``<sos> y_0 ... y_{T-2}``.
 
         Returns:
-            Logits ``(B, T, V)`` for ``y_1 ... y_T``.
+            Logits ``(B, T, V)`` for ``y_0 ... y_{T-1}``.
         """
         return self.forward_with_weights(src, src_lengths, tgt_in)[0]
 
@@ -362,6 +403,9 @@ class Seq2Seq(nn.Module):
             ``<eos>`` hold arbitrary tokens), and the attention ``weights``
             ``(B, T', S)`` (``None`` for the plain decoder).
         """
+        if not self.uses_attention:  # the plain decoder's loop is written out in notebook 01
+            return plain_greedy_decode(self.encoder, self.decoder, src, src_lengths, max_len,
+                                       self.sos_id, self.eos_id), None
         enc_states, enc_final = self.encoder(src, src_lengths)  # (B, S, Dk), (B, Dk)
         dec = self.decoder
         state = dec.initial_state(enc_final)  # (B, H)
@@ -376,8 +420,6 @@ class Seq2Seq(nn.Module):
                 state, context, emb, weights = dec.step(y, state, enc_states, keys, mask)
                 logits = dec.out(torch.cat([state, context, emb], dim=-1))  # (B, H+Dk+E) -> (B, V)
                 all_weights.append(weights)
-            else:
-                logits, state = dec.step(y, state, enc_final)  # (B, V), (B, H)
             y = logits.argmax(dim=-1)  # (B, V) -> (B,)
             tokens.append(y)
             done = done | (y == self.eos_id)

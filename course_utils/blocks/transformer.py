@@ -10,14 +10,13 @@ Two placements of the normalisation:
 
 Masks are boolean, True = may attend. ``nn.TransformerEncoderLayer`` and
 ``nn.TransformerDecoderLayer`` read boolean masks the other way (True = ignore).
+``block_from_torch`` copies such a layer's weights into one of our blocks.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -48,17 +47,17 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 
 
 class LayerNorm(nn.Module):
-    """``layer_norm`` with learned ``weight`` (ones) and ``bias`` (zeros); same parameters as ``nn.LayerNorm(D)``."""
+    """``layer_norm`` with a learned gain and shift; the same parameters as ``nn.LayerNorm(D)`` (notebook 07)."""
 
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(d_model))
-        self.bias = nn.Parameter(torch.zeros(d_model))
+        self.weight = nn.Parameter(torch.ones(d_model))  # gamma, (D,)
+        self.bias = nn.Parameter(torch.zeros(d_model))  # beta, (D,)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., D)."""
-        return layer_norm(x, self.weight, self.bias, self.eps)
+        return layer_norm(x, self.weight, self.bias, self.eps)  # (..., D)
 
 
 def residual(x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor], norm: Callable[[torch.Tensor], torch.Tensor],
@@ -81,9 +80,15 @@ def residual(x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor], 
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network, max(0, x W1 + b1) W2 + b2, Vaswani et al. 2017 eq. (2).
+    """Position-wise feed-forward network, max(0, x W1 + b1) W2 + b2, Vaswani et al. 2017 eq. (2) (notebook 07).
 
-    The same two-layer MLP is applied to every position separately.
+    The same two-layer network is applied to every position separately.
+
+    Args:
+        d_model: D.
+        d_ff: Hidden width (the paper's d_ff, 4D there).
+        dropout: Dropout on the hidden activations (training only).
+        activation: "relu" (the paper) or "gelu".
     """
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu") -> None:
@@ -97,13 +102,82 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., D)."""
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (..., D) -> (..., d_ff) -> (..., D)
+        hidden = self.activation(self.linear1(x))  # (..., D) -> (..., d_ff)
+        return self.linear2(self.dropout(hidden))  # (..., d_ff) -> (..., D)
 
 
-def _copy_layer_norm(ours: LayerNorm, theirs: nn.LayerNorm) -> None:
-    ours.weight.data.copy_(theirs.weight.data)
-    ours.bias.data.copy_(theirs.bias.data)
-    ours.eps = theirs.eps
+class TransformerEncoderBlock(nn.Module):
+    """Self-attention, then the feed-forward network, each inside ``residual`` (notebook 07).
+
+    Dropout acts on each sublayer's output before it is added to the residual
+    stream, and inside the feed-forward network, as in ``nn.TransformerEncoderLayer``.
+
+    Args:
+        d_model: D.
+        num_heads: H.
+        d_ff: Hidden width of the feed-forward network.
+        dropout: Dropout probability (training only; ``model.eval()`` turns it off).
+        norm_first: Pre-LN (True) or post-LN (False, the original paper).
+        activation: "relu" (the paper) or "gelu".
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, norm_first: bool = False,
+                 activation: str = "relu") -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, num_heads)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
+        self.norm1, self.norm2 = LayerNorm(d_model), LayerNorm(d_model)
+        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D); ``mask`` bool, True = may attend: (B, 1, T) padding or (T, T) causal."""
+        x = residual(x, lambda h: self.dropout1(self.self_attn(h, mask=mask)), self.norm1, self.norm_first)
+        return residual(x, lambda h: self.dropout2(self.feed_forward(h)), self.norm2, self.norm_first)
+
+
+class TransformerDecoderBlock(nn.Module):
+    """Causal self-attention, cross-attention to the encoder's output, feed-forward (notebook 07).
+
+    The self-attention is *always* causal (query i sees target positions j <= i),
+    in training and in generation alike. Arguments as ``TransformerEncoderBlock``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, norm_first: bool = False,
+                 activation: str = "relu") -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, num_heads)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
+        self.norm1, self.norm2, self.norm3 = LayerNorm(d_model), LayerNorm(d_model), LayerNorm(d_model)
+        self.dropout1, self.dropout2, self.dropout3 = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
+                return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Decode.
+
+        Args:
+            x: (B, T, D) target-side inputs.
+            memory: (B, S, D) encoder output.
+            memory_mask: bool, True = may attend, e.g. (B, 1, S) source padding.
+            return_weights: Also return the cross-attention weights (B, H, T, S).
+
+        Returns:
+            (B, T, D), and with ``return_weights`` the cross-attention weights.
+        """
+        causal = causal_mask(x.shape[1]).to(x.device)  # (T, T), True on and below the diagonal
+        cross_weights = None
+
+        def cross_attend(h: torch.Tensor) -> torch.Tensor:
+            nonlocal cross_weights
+            out, cross_weights = self.cross_attn(h, memory, mask=memory_mask, return_weights=True)
+            return self.dropout2(out)  # (B, T, D); cross_weights (B, H, T, S)
+
+        x = residual(x, lambda h: self.dropout1(self.self_attn(h, mask=causal)), self.norm1, self.norm_first)
+        x = residual(x, cross_attend, self.norm2, self.norm_first)
+        x = residual(x, lambda h: self.dropout3(self.feed_forward(h)), self.norm3, self.norm_first)
+        return (x, cross_weights) if return_weights else x
 
 
 def _activation_name(layer: nn.Module) -> str:
@@ -112,210 +186,135 @@ def _activation_name(layer: nn.Module) -> str:
         return "relu"
     if activation is nn.functional.gelu or isinstance(activation, nn.GELU):
         return "gelu"
-    raise InputError("from_torch supports activation='relu' or 'gelu' only")
+    raise InputError("block_from_torch supports activation='relu' or 'gelu' only")
 
 
-def _copy_feed_forward(ours: FeedForward, layer: nn.Module) -> None:
-    for mine, theirs in ((ours.linear1, layer.linear1), (ours.linear2, layer.linear2)):
-        mine.weight.data.copy_(theirs.weight.data)
-        mine.bias.data.copy_(theirs.bias.data)
+def block_from_torch(layer: nn.Module, block_class: type[nn.Module]) -> nn.Module:
+    """A ``block_class`` with the sizes, settings and weights of a PyTorch layer (notebook 07).
 
-
-def _block_from_torch(cls: type, layer: nn.Module, expected: type) -> Any:
-    """Build ``cls`` with ``layer``'s sizes and copy its self-attention, feed-forward and first two norms."""
-    if not isinstance(layer, expected):
-        raise InputError(f"expected an nn.{expected.__name__}, got {type(layer).__name__}")
-    attn = layer.self_attn
-    ours = cls(attn.embed_dim, attn.num_heads, layer.linear1.out_features, dropout=layer.dropout.p,
-               norm_first=layer.norm_first, activation=_activation_name(layer), eps=layer.norm1.eps)
-    ours.self_attn = MultiHeadAttention.from_torch(attn)
-    _copy_feed_forward(ours.feed_forward, layer)
-    _copy_layer_norm(ours.norm1, layer.norm1)
-    _copy_layer_norm(ours.norm2, layer.norm2)
-    return ours
-
-
-class TransformerEncoderBlock(nn.Module):
-    """Self-attention + feed-forward, each with a residual connection and a LayerNorm (notebook 07).
+    ``nn.TransformerEncoderLayer(..., batch_first=True)`` goes into an encoder
+    block class, ``nn.TransformerDecoderLayer(..., batch_first=True)`` into a
+    decoder block class (one with ``cross_attn``); the copy computes the same
+    function, for either placement of the normalisation.
 
     Args:
-        d_model: D.
-        num_heads: H.
-        d_ff: Hidden width of the feed-forward network.
-        dropout: Dropout after each sublayer and inside the feed-forward network.
-        norm_first: Pre-LN (True) or post-LN (False, the original paper).
-        activation: "relu" (the paper) or "gelu".
-        eps: LayerNorm epsilon.
+        layer: The PyTorch layer.
+        block_class: ``TransformerEncoderBlock`` or ``TransformerDecoderBlock`` (or the notebook's copy of one).
+
+    Returns:
+        A new ``block_class`` instance.
+
+    Raises:
+        InputError: For another module, an activation other than relu/gelu, or an
+            encoder layer given a decoder class (or the reverse).
     """
-
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, norm_first: bool = False,
-                 activation: str = "relu", eps: float = 1e-5) -> None:
-        super().__init__()
-        self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, num_heads)
-        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
-        self.norm1, self.norm2 = LayerNorm(d_model, eps), LayerNorm(d_model, eps)
-        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """(B, T, D) -> (B, T, D); ``mask`` bool, True = may attend, e.g. (B, 1, T) padding or (T, T) causal.
-
-        With ``return_weights``, also the self-attention weights (B, H, T, T).
-        """
-        weights: list[torch.Tensor] = []
-
-        def attend(h: torch.Tensor) -> torch.Tensor:
-            out, w = self.self_attn(h, mask=mask, return_weights=True)  # (B, T, D), (B, H, T, T)
-            weights.append(w)
-            return self.dropout1(out)
-
-        x = residual(x, attend, self.norm1, self.norm_first)  # (B, T, D)
-        x = residual(x, lambda h: self.dropout2(self.feed_forward(h)), self.norm2, self.norm_first)  # (B, T, D)
-        return (x, weights[0]) if return_weights else x
-
-    @classmethod
-    def from_torch(cls, layer: nn.TransformerEncoderLayer) -> TransformerEncoderBlock:
-        """Copy the weights of ``nn.TransformerEncoderLayer(..., batch_first=True)``."""
-        return _block_from_torch(cls, layer, nn.TransformerEncoderLayer)
-
-
-class TransformerDecoderBlock(nn.Module):
-    """Causal self-attention, cross-attention to the encoder output, feed-forward (notebook 07).
-
-    The self-attention is *always* causal (query i sees target positions j <= i),
-    in training and in generation alike; ``self_mask`` can only restrict it further.
-
-    Args: as ``TransformerEncoderBlock``.
-    """
-
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, norm_first: bool = False,
-                 activation: str = "relu", eps: float = 1e-5) -> None:
-        super().__init__()
-        self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, num_heads)
-        self.cross_attn = MultiHeadAttention(d_model, num_heads)
-        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
-        self.norm1, self.norm2, self.norm3 = (LayerNorm(d_model, eps) for _ in range(3))
-        self.dropout1, self.dropout2, self.dropout3 = (nn.Dropout(dropout) for _ in range(3))
-
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
-                self_mask: torch.Tensor | None = None,
-                return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Decode.
-
-        Args:
-            x: (B, T, D) target-side inputs.
-            memory: (B, S, D) encoder output.
-            memory_mask: bool, True = may attend, e.g. (B, 1, S) source padding.
-            self_mask: optional extra bool mask on the causal self-attention, broadcastable to (B, T, T).
-            return_weights: Also return the cross-attention weights (B, H, T, S).
-
-        Returns:
-            (B, T, D), and with ``return_weights`` the cross-attention weights.
-        """
-        T = x.shape[1]
-        causal = causal_mask(T).to(x.device)  # (T, T), True on and below the diagonal
-        mask = causal if self_mask is None else causal & self_mask
-        cross: list[torch.Tensor] = []
-
-        def cross_attend(h: torch.Tensor) -> torch.Tensor:
-            out, w = self.cross_attn(h, memory, mask=memory_mask, return_weights=True)  # (B, T, D), (B, H, T, S)
-            cross.append(w)
-            return self.dropout2(out)
-
-        x = residual(x, lambda h: self.dropout1(self.self_attn(h, mask=mask)), self.norm1, self.norm_first)
-        x = residual(x, cross_attend, self.norm2, self.norm_first)
-        x = residual(x, lambda h: self.dropout3(self.feed_forward(h)), self.norm3, self.norm_first)
-        return (x, cross[0]) if return_weights else x
-
-    @classmethod
-    def from_torch(cls, layer: nn.TransformerDecoderLayer) -> TransformerDecoderBlock:
-        """Copy the weights of ``nn.TransformerDecoderLayer(..., batch_first=True)``."""
-        ours = _block_from_torch(cls, layer, nn.TransformerDecoderLayer)
+    if not isinstance(layer, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+        raise InputError("expected an nn.TransformerEncoderLayer or nn.TransformerDecoderLayer, "
+                         f"got {type(layer).__name__}")
+    attn = layer.self_attn
+    ours = block_class(attn.embed_dim, attn.num_heads, layer.linear1.out_features, dropout=layer.dropout.p,
+                       norm_first=layer.norm_first, activation=_activation_name(layer))
+    is_decoder = isinstance(layer, nn.TransformerDecoderLayer)
+    if is_decoder != hasattr(ours, "cross_attn"):
+        kind = "a decoder" if is_decoder else "an encoder"
+        raise InputError(f"{type(layer).__name__} needs {kind} block class, got {block_class.__name__}")
+    ours.self_attn = MultiHeadAttention.from_torch(attn)
+    if is_decoder:
         ours.cross_attn = MultiHeadAttention.from_torch(layer.multihead_attn)
-        _copy_layer_norm(ours.norm3, layer.norm3)
-        return ours
+    norms = ("norm1", "norm2", "norm3") if is_decoder else ("norm1", "norm2")
+    with torch.no_grad():
+        for name in ("linear1", "linear2"):
+            getattr(ours.feed_forward, name).weight.copy_(getattr(layer, name).weight)
+            getattr(ours.feed_forward, name).bias.copy_(getattr(layer, name).bias)
+        for name in norms:
+            getattr(ours, name).weight.copy_(getattr(layer, name).weight)
+            getattr(ours, name).bias.copy_(getattr(layer, name).bias)
+            getattr(ours, name).eps = getattr(layer, name).eps
+    return ours
 
 
 class TransformerSeq2Seq(nn.Module):
     """A small encoder-decoder transformer with the interface of ``seq2seq.Seq2Seq`` (notebook 07).
 
     Token embeddings scaled by sqrt(D) plus sinusoidal positions (Vaswani et al.
-    2017, §3.4-3.5), ``num_layers`` encoder and decoder blocks, a linear output layer.
+    2017, §3.4-3.5), ``num_layers`` encoder and decoder blocks, a final LayerNorm
+    after each stack (pre-LN only: a post-LN block already ends with one), a
+    linear output layer.
 
     Args:
         src_vocab_size, tgt_vocab_size: Vocabulary sizes (id 0 = padding).
         d_model, num_heads, d_ff, num_layers: Sizes.
-        norm_first: Pre-LN (True; adds a final LayerNorm to the encoder and decoder) or post-LN.
+        dropout: Dropout on the embeddings plus positions and in every block (training only).
+        norm_first: Pre-LN (True) or post-LN.
         max_len: Longest sequence the position table covers.
         sos_id, eos_id: Ids of <sos> and <eos>.
     """
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 64, num_heads: int = 4,
-                 d_ff: int = 128, num_layers: int = 2, norm_first: bool = True, max_len: int = 128,
-                 sos_id: int = 1, eos_id: int = 2) -> None:
+                 d_ff: int = 128, num_layers: int = 2, dropout: float = 0.0, norm_first: bool = True,
+                 max_len: int = 128, sos_id: int = 1, eos_id: int = 2) -> None:
         super().__init__()
         self.d_model, self.sos_id, self.eos_id = d_model, sos_id, eos_id
         self.src_embedding = nn.Embedding(src_vocab_size, d_model, padding_idx=0)
         self.tgt_embedding = nn.Embedding(tgt_vocab_size, d_model, padding_idx=0)
-        for embedding in (self.src_embedding, self.tgt_embedding):  # std D^-1/2: after the sqrt(D) scale, entries
-            nn.init.normal_(embedding.weight, std=d_model**-0.5)  # of size ~1, like the positional encoding's
-            embedding.weight.data[0] = 0.0  # padding row
+        for embedding in (self.src_embedding, self.tgt_embedding):
+            nn.init.normal_(embedding.weight, std=d_model**-0.5)  # times sqrt(D) in embed(): entries of size ~1
+            embedding.weight.data[0] = 0.0  # the padding row
         self.register_buffer("pe", sinusoidal_positional_encoding(max_len, d_model))  # (max_len, D)
-        self.encoder = nn.ModuleList(TransformerEncoderBlock(d_model, num_heads, d_ff, norm_first=norm_first)
+        self.dropout = nn.Dropout(dropout)
+        self.encoder = nn.ModuleList(TransformerEncoderBlock(d_model, num_heads, d_ff, dropout, norm_first)
                                      for _ in range(num_layers))
-        self.decoder = nn.ModuleList(TransformerDecoderBlock(d_model, num_heads, d_ff, norm_first=norm_first)
+        self.decoder = nn.ModuleList(TransformerDecoderBlock(d_model, num_heads, d_ff, dropout, norm_first)
                                      for _ in range(num_layers))
         self.encoder_norm = LayerNorm(d_model) if norm_first else nn.Identity()
         self.decoder_norm = LayerNorm(d_model) if norm_first else nn.Identity()
         self.out = nn.Linear(d_model, tgt_vocab_size)
 
-    def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor) -> torch.Tensor:
+    def embed(self, embedding: nn.Embedding, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) ids -> (B, T, D): scaled token embeddings plus positions."""
         T = tokens.shape[1]
         if T > self.pe.shape[0]:
             raise InputError(f"sequence of length {T} is longer than max_len = {self.pe.shape[0]}")
-        return embedding(tokens) * math.sqrt(self.d_model) + self.pe[:T]  # (B, T, D)
+        return self.dropout(embedding(tokens) * math.sqrt(self.d_model) + self.pe[:T])  # (B, T, D)
 
     def encode(self, src: torch.Tensor, src_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, S) ids -> memory (B, S, D) and the source padding mask (B, 1, S)."""
         mask = padding_mask(src_lengths, src.shape[1])  # (B, 1, S), True on real tokens
-        h = self._embed(self.src_embedding, src)  # (B, S, D)
+        h = self.embed(self.src_embedding, src)  # (B, S, D)
         for block in self.encoder:
-            h = block(h, mask=mask)
+            h = block(h, mask=mask)  # (B, S, D)
         return self.encoder_norm(h), mask
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor,
                memory_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced logits (B, T, V) and the last block's cross-attention, averaged over heads (B, T, S)."""
-        h = self._embed(self.tgt_embedding, tgt_in)  # (B, T, D)
-        weights = None
+        """Logits (B, T, V) for every position of ``tgt_in``, and the last block's cross-attention
+        weights averaged over heads (B, T, S)."""
+        h = self.embed(self.tgt_embedding, tgt_in)  # (B, T, D)
         for block in self.decoder:
-            h, weights = block(h, memory, memory_mask=memory_mask, return_weights=True)
+            h, weights = block(h, memory, memory_mask=memory_mask, return_weights=True)  # (B, T, D), (B, H, T, S)
         return self.out(self.decoder_norm(h)), weights.mean(dim=1)  # (B, T, V), (B, H, T, S) -> (B, T, S)
 
     def forward(self, src: torch.Tensor, src_lengths: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V) for ``tgt_in`` = <sos> y_1 ... y_{T-1}."""
+        """Teacher-forced logits (B, T, V); ``tgt_in`` is the target shifted right: <sos> y_0 ... y_{T-2}."""
         memory, mask = self.encode(src, src_lengths)
         return self.decode(tgt_in, memory, mask)[0]
 
     @torch.no_grad()
     def greedy_decode(self, src: torch.Tensor, src_lengths: torch.Tensor,
                       max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Greedy decoding (re-running the decoder on the prefix at each step; fine for short outputs).
+        """Greedy decoding: append the most likely token, run the decoder again on the longer prefix.
 
         Returns:
             tokens (B, T') with T' <= max_len, and the last block's cross-attention (B, T', S).
         """
-        memory, mask = self.encode(src, src_lengths)
+        memory, mask = self.encode(src, src_lengths)  # (B, S, D), (B, 1, S)
         tokens = torch.full((src.shape[0], 1), self.sos_id, dtype=torch.long, device=src.device)  # (B, 1)
-        done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
-        weights = None
+        done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)  # (B,)
         for _ in range(max_len):
             logits, weights = self.decode(tokens, memory, mask)  # (B, t, V), (B, t, S)
-            nxt = logits[:, -1].argmax(dim=-1)  # (B,)
-            tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (B, t + 1)
-            done = done | (nxt == self.eos_id)
+            next_token = logits[:, -1].argmax(dim=-1)  # (B,)
+            tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, t + 1)
+            done = done | (next_token == self.eos_id)
             if bool(done.all()):
                 break
         return tokens[:, 1:], weights

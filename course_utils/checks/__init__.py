@@ -29,6 +29,7 @@ from course_utils.checks.core import (
 from course_utils.checks.bahdanau import (
     check_additive_scores,
     check_attend,
+    check_attention_step,
     check_bilinear_scores,
 )
 from course_utils.checks.bottleneck import (
@@ -37,6 +38,11 @@ from course_utils.checks.bottleneck import (
 )
 from course_utils.checks.efficiency import (
     check_online_softmax_update,
+)
+from course_utils.checks.gpt import (
+    check_attend_with_cache,
+    check_filter_logits,
+    check_next_token_loss,
 )
 from course_utils.checks.multihead import (
     check_split_heads,
@@ -54,6 +60,7 @@ from course_utils.checks.positional import (
 )
 from course_utils.checks.scaling import (
     check_attention_entropy,
+    check_attention_scale,
     check_scaled_scores,
 )
 from course_utils.checks.self_attention import (
@@ -74,17 +81,22 @@ __all__ = [
     "CheckError",
     "call",
     "check_additive_scores",
+    "check_attend_with_cache",
     "check_apply_rotary",
     "check_attention_entropy",
+    "check_attention_scale",
     "check_attend",
+    "check_attention_step",
     "check_bilinear_scores",
     "check_close",
+    "check_filter_logits",
     "check_final_states",
     "check_sequence_exact_match",
     "check_sinusoidal_positional_encoding",
     "check_masked_softmax",
     "check_merge_heads",
     "check_multi_head_attention",
+    "check_next_token_loss",
     "check_online_softmax_update",
     "check_layer_norm",
     "check_padding_mask",

@@ -1,4 +1,4 @@
-"""Checkers for notebook 02: additive and bilinear scores, the context vector."""
+"""Checkers for notebook 02: additive and bilinear scores, the context vector, the attention decoder step."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from course_utils.blocks import attention, scorers
+from course_utils.blocks import attention, scorers, seq2seq
 from course_utils.checks.core import call, check_close, describe, passed
 from course_utils.core.errors import CheckError
 
@@ -136,3 +136,70 @@ def check_bilinear_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor
     check_close(got, expected, name="scores", shape="B S", dims={"B": B, "S": S}, hints=hints, suspects=suspects,
                 hint="scores[b, j] = query[b] @ W @ keys[b, j]")
     passed("bilinear_scores")
+
+
+def check_attention_step(step: Callable[..., Any], seed: int = 0, B: int = 3, S: int = 5) -> None:
+    """Check a decoder step written like ``AttentionDecoder.step`` (notebook 02, common pitfalls).
+
+    ``step(decoder, y_prev, state, enc_states, keys, mask)`` gets the decoder as its first
+    argument (as a method gets ``self``) and must return ``(state, context, emb, weights)``:
+    the new state ``s_i`` (B, R), the context ``c_i`` (B, Dk), the embedding of ``y_{i-1}``
+    (B, E) and the weights ``w_i`` (B, S), with the scores computed from ``s_{i-1}``, before
+    the GRU update. ``mask`` is (B, S) bool, True on real source tokens.
+
+    Raises:
+        CheckError: Naming the likely bug.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    E, R, Dk, A, V = 4, 6, 8, 5, 9
+    with torch.random.fork_rng():  # the learner's global random state is left alone
+        torch.manual_seed(seed)
+        decoder = seq2seq.AttentionDecoder(V, E, R, Dk, scorers.AdditiveScore(R, Dk, A))
+    g = torch.Generator().manual_seed(seed)
+    y_prev = torch.randint(3, V, (B,), generator=g)  # (B,)
+    state = torch.randn(B, R, generator=g)  # s_{i-1}
+    lengths = torch.randint(1, S + 1, (B,), generator=g)
+    lengths[0], lengths[-1] = S, max(1, S - 2)
+    mask = torch.arange(S)[None, :] < lengths[:, None]  # (B, S), True on real tokens
+    enc_states = torch.randn(B, S, Dk, generator=g) * mask[:, :, None]  # zeros on padding, as the encoder gives
+    with torch.no_grad():
+        keys = decoder.scorer.precompute(enc_states)  # (B, S, A)
+        inputs = (y_prev, state, enc_states, keys, mask)
+        copies = tuple(t.clone() for t in inputs)
+        got = call(step, decoder, *inputs, name="step",
+                   expected=f"a tuple (state (B, R) = {(B, R)}, context (B, Dk) = {(B, Dk)}, "
+                            f"emb (B, E) = {(B, E)}, weights (B, S) = {(B, S)})",
+                   error_hint="check the widths: the GRU cell takes [emb(y_{i-1}); c_i], of width E + Dk, and "
+                              "c_i averages the encoder states (the values, width Dk), not the projected keys (width A)")
+        if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
+            raise CheckError("step changed an input in place: use out-of-place operations")
+        if not isinstance(got, tuple) or len(got) != 4:
+            raise CheckError(f"expected step to return a tuple (state, context, emb, weights), got {describe(got)}")
+        new_state, context, emb, weights = got
+        expected_state, expected_context, expected_emb, expected_weights = decoder.step(*inputs)
+        scores = decoder.scorer.score(state, keys)  # (B, S), from s_{i-1}
+        weight_suspects = {
+            "the mask was not passed to attend: padded source positions get weight (attend's mask "
+            "defaults to None, which means no padding)": scorers.attend(scores, enc_states, None)[1],
+            "the scores came from the updated state s_i: this decoder (Bahdanau's) queries with s_{i-1}, "
+            "before the GRU update": scorers.attend(decoder.scorer.score(expected_state, keys), enc_states, mask)[1],
+        }
+        check_close(weights, expected_weights, name="weights", shape="B S", dims={"B": B, "S": S},
+                    suspects=weight_suspects, hint="w_i = masked softmax over j of score(s_{i-1}, h_j)")
+        check_close(context, expected_context, name="context", shape="B Dk", dims={"B": B, "Dk": Dk},
+                    hints={(B, A): "the context averages the projected keys W_k h_j: average the encoder states "
+                                   "h_j (the values) instead"},
+                    hint="c_i = sum over j of w_ij h_j")
+        swapped = decoder.cell(torch.cat([expected_context, expected_emb], dim=-1), state)  # wrong order
+        state_suspects = {
+            "the step returned s_{i-1}: the GRU's new state was not returned, so the next step queries with "
+            "the same state again": state,
+        }
+        if not torch.allclose(swapped, expected_state):
+            state_suspects["the GRU input is [emb(y_{i-1}); c_i], in that order: swapping the two parts feeds "
+                           "each input weight the wrong feature"] = swapped
+        check_close(new_state, expected_state, name="state", shape="B R", dims={"B": B, "R": R},
+                    suspects=state_suspects, hint="s_i = GRU([emb(y_{i-1}); c_i], s_{i-1})")
+        check_close(emb, expected_emb, name="emb", shape="B E", dims={"B": B, "E": E},
+                    hint="the embedding of the previous output token y_prev")
+    passed("attention decoder step")

@@ -14,20 +14,20 @@ from course_utils.experiments import training
 
 
 def check_final_states(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
-                       B: int = 4, S: int = 6, H: int = 3) -> None:
-    """Check a learner's ``final_states(states, lengths) -> (B, H)`` (notebook 01, exercise 1).
+                       B: int = 4, S: int = 6, R: int = 3) -> None:
+    """Check a learner's ``final_states(states, lengths) -> (B, R)`` (notebook 01, exercise 1).
 
     Raises:
         CheckError: Naming the likely bug.
     """
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
-    states = torch.randn(B, S, H, generator=g)
+    states = torch.randn(B, S, R, generator=g)
     lengths = torch.randint(1, S + 1, (B,), generator=g)
     lengths[0] = S  # a full-length sequence
     lengths[-1] = 1  # and a one-token one
     states_copy, lengths_copy = states.clone(), lengths.clone()
-    got = call(fn, states, lengths, name="final_states", expected=f"a (B, H) = {(B, H)} tensor",
+    got = call(fn, states, lengths, name="final_states", expected=f"a (B, R) = {(B, R)} tensor",
                error_hint="the last real token of row b is at position lengths[b] - 1 (positions start at 0)")
     if not (torch.equal(states, states_copy) and torch.equal(lengths, lengths_copy)):
         raise CheckError("final_states changed its inputs in place: index them, do not modify them")
@@ -42,11 +42,11 @@ def check_final_states(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: in
         "this averages over positions (padding included): take the state at the last real token": states.mean(1),
     }
     hints = {
-        (B, B, H): "indexing with [:, lengths - 1] takes those positions from *every* row; pair each row with "
+        (B, B, R): "indexing with [:, lengths - 1] takes those positions from *every* row; pair each row with "
                    "its own position: states[torch.arange(B), lengths - 1]",
-        (B, S): "the H state dimension is gone: index the position, do not reduce over H",
+        (B, S): "the R state dimension is gone: index the position, do not reduce over R",
     }
-    check_close(got, expected, name="the final states", shape="B H", dims={"B": B, "H": H}, hints=hints,
+    check_close(got, expected, name="the final states", shape="B R", dims={"B": B, "R": R}, hints=hints,
                 suspects=suspects, hint="row b must be states[b, lengths[b] - 1]")
     passed("final_states")
 

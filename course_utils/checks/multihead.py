@@ -45,7 +45,7 @@ def check_split_heads(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B: 
                         "x.view(B, T, H, Dh).transpose(1, 2)",
     }
     check_close(got, expected, name="the heads", shape="B H T Dh", dims={"B": B, "H": H, "T": T, "Dh": Dh},
-                hints=hints, suspects=suspects, hint="head h of token t must be x[b, t, h*Dh:(h+1)*Dh]")
+                hints=hints, suspects=suspects, hint="head h of token i must be x[b, i, h*Dh:(h+1)*Dh]")
     passed("split_heads")
 
 
@@ -77,7 +77,7 @@ def check_merge_heads(fn: Callable[[torch.Tensor], Any], seed: int = 0, B: int =
         (B * H, T, Dh): "merge means concatenating the H heads of each token: (B, T, H * Dh)",
     }
     check_close(got, expected, name="the merged heads", shape="B T D", dims={"B": B, "T": T, "D": H * Dh},
-                hints=hints, suspects=suspects, hint="out[b, t, h*Dh:(h+1)*Dh] must be x[b, h, t]")
+                hints=hints, suspects=suspects, hint="out[b, i, h*Dh:(h+1)*Dh] must be x[b, h, i]")
     passed("merge_heads")
 
 
@@ -137,8 +137,8 @@ def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2
                 "the heads were merged with a reshape to (B, T, D) without transposing back: "
                 "context.transpose(1, 2).reshape(B, T, D)": _mha_variant(query, key, value, projections, H, mask,
                                                                           bad_merge=True),
-                f"the scores were scaled by sqrt(D) = sqrt({D}), the model width; each head's dot product sums over "
-                f"Dh = {Dh} numbers: scale by sqrt(Dh)": _mha_variant(query, key, value, projections, H, mask,
+                f"the scores were scaled by sqrt(D) = sqrt({D}), the model width; each head's queries and keys have "
+                f"Dk = Dh = {Dh} features: divide by sqrt(Dk)": _mha_variant(query, key, value, projections, H, mask,
                                                                       scale_by_model_width=True),
                 "the output projection is missing: apply out_proj to the merged heads": _mha_variant(
                     query, key, value, projections, H, mask, no_out_proj=True),
@@ -153,7 +153,8 @@ def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2
         check_close(weights, expected_weights, name=f"weights ({label})", shape="B H T S",
                     dims={"B": B, "H": H, "T": Tq, "S": Sk}, suspects={m: w for m, (_, w) in variants.items()},
                     hints={(B, 1, Tq, Sk): "only one head: split the projections into H heads of width Dh = D // H"},
-                    hint="each head's weights are softmax(q_h k_h^T / sqrt(Dh)) over the allowed keys")
+                    hint="head h's weights are softmax(q k^T / sqrt(Dk)) over the allowed keys, with that head's q and k "
+                         "and Dk = Dh")
         check_close(out, expected_out, name=f"out ({label})", shape="B T D", dims={"B": B, "T": Tq, "D": D},
                     suspects={m: o for m, (o, _) in variants.items()},
                     hints={(B, H, Tq, Dh): "the heads are not merged: transpose(1, 2).reshape(B, T, D), then out_proj"},

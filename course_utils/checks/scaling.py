@@ -1,4 +1,4 @@
-"""Checkers for notebook 04: attention entropy, per-head scaled scores."""
+"""Checkers for notebook 04: attention entropy, per-head scaled scores, the effective scale of attention code."""
 
 from __future__ import annotations
 
@@ -90,3 +90,62 @@ def check_scaled_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: i
     check_close(got, expected, name="scores", shape="B H T S", dims={"B": B, "H": H, "T": T, "S": S}, hints=hints,
                 suspects=suspects, hint="scores = q @ k.transpose(-2, -1) / sqrt(Dh)")
     passed("scaled_scores")
+
+
+def check_attention_scale(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0, B: int = 2,
+                          H: int = 3, T: int = 4, S: int = 5, Dk: int = 16, Dv: int = 7) -> None:
+    """Check that attention code ``fn(q, k, v) -> out`` (or ``(out, weights)``) scales the scores by 1/sqrt(Dk).
+
+    Notebook 04, common pitfalls: attention written around a library call can
+    end up with another effective scale (scaled twice, ``scale=`` given the
+    divisor, the scale applied after the softmax), or with a softmax that
+    overflows. Two calls: ordinary inputs (q, k, v of shapes (B, H, T, Dk),
+    (B, H, S, Dk), (B, H, S, Dv)), where each of those mistakes gives a
+    different output; then queries and keys ten times larger, so that even the
+    scaled scores reach about 100, where exp overflows in float32.
+
+    Raises:
+        CheckError: Naming the effective scale, or the overflow.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, Dk, generator=g)
+    k = torch.randn(B, H, S, Dk, generator=g)
+    v = torch.randn(B, H, S, Dv, generator=g)
+    dims = {"B": B, "H": H, "T": T, "Dv": Dv}
+    for label, factor in (("", 1.0), (" for large scores (queries and keys 10 times larger)", 10.0)):
+        qs, ks = factor * q, factor * k
+        got = call(fn, qs, ks, v, name="attention", expected=f"out of shape (B, H, T, Dv) = {(B, H, T, Dv)}")
+        out = got[0] if isinstance(got, tuple) and len(got) == 2 else got
+        expected, _ = attention.scaled_dot_product_attention(qs, ks, v)
+        if (factor > 1 and isinstance(out, torch.Tensor) and tuple(out.shape) == (B, H, T, Dv)
+                and not torch.isfinite(out).all()):
+            raise CheckError(
+                f"out is NaN or inf{label}: exp overflows float32 for scores above about 88, even after the "
+                "1/sqrt(Dk) scale. Subtract each row's largest score before exp (torch.softmax does), "
+                "which leaves the weights unchanged")
+        raw = qs @ ks.transpose(-2, -1)  # (B, H, T, Dk) @ (B, H, Dk, S) -> (B, H, T, S)
+
+        def out_with(scores: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(scores, dim=-1) @ v  # (B, H, T, S) @ (B, H, S, Dv) -> (B, H, T, Dv)
+
+        suspects = {
+            "the scores were not scaled: multiply them by 1/sqrt(Dk)": out_with(raw),
+            f"the scores were divided by Dk = {Dk} in all, not by sqrt(Dk): were they scaled twice, e.g. q divided "
+            "by sqrt(Dk) and then passed to a function that scales by 1/sqrt(Dk) again? (μP divides by Dk on "
+            "purpose, with its own initialisation and learning rates; this attention is meant to use 1/sqrt(Dk))":
+                out_with(raw / Dk),
+            f"the scores were multiplied by sqrt(Dk) = {Dk**0.5:g}: `scale=` (in F.scaled_dot_product_attention and "
+            "in the course's attention) is the factor that multiplies the scores, so pass 1/sqrt(Dk) or leave it None":
+                out_with(raw * Dk**0.5),
+            f"the scores were scaled by the model width, 1/sqrt(H · Dk) = 1/sqrt({H * Dk}): each head's dot product "
+            f"sums over Dk = {Dk} numbers": out_with(raw / (H * Dk) ** 0.5),
+            "the scale was applied after the softmax (to the weights or to out): the weights then sum to "
+            "1/sqrt(Dk) and are as sharp as unscaled ones. The scale belongs on the scores, before the softmax":
+                out_with(raw) / Dk**0.5,
+            "the scale was applied after the softmax as well as before it: out is sqrt(Dk) times too small":
+                expected / Dk**0.5,
+        }
+        check_close(out, expected, name=f"out{label}", shape="B H T Dv", dims=dims, suspects=suspects,
+                    hint="out = softmax(q @ k^T / sqrt(Dk)) @ v, with the softmax over the keys")
+    passed("attention scale")

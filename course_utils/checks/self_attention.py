@@ -136,16 +136,16 @@ def check_scaled_dot_product_attention(fn: Callable[..., Any], seed: int = 0, B:
 # (3 tokens, D = 4 features, Dk = Dv = 3), some right and some wrong.
 WORKED_EXAMPLE_STATEMENTS: dict[int, str] = {
     1: "W_Q has shape 3 × 4: one row for each of the 3 query features.",
-    2: "q_1 = x_1 W_Q is a vector of 3 numbers.",
-    3: "The score of key j for query i is s_ij = q_i · k_j.",
-    4: "The weight of key j for query i is w_ij = 1 / (1 + exp(-s_ij)), so every weight lies between 0 and 1.",
+    2: "q_0 = x_0 W_Q is a vector of 3 numbers.",
+    3: "The score of key j for query i is e_ij = q_i · k_j.",
+    4: "The weight of key j for query i is w_ij = 1 / (1 + exp(-e_ij)), so every weight lies between 0 and 1.",
     5: "The scores are divided by √4 = 2, because each token has D = 4 features.",
     6: "The output for token i is z_i = Σ_j w_ij v_i.",
     7: "Each row of the 3 × 3 weight matrix sums to 1.",
-    8: "Without a mask, the output z_1 depends on all three tokens.",
+    8: "Without a mask, the output z_0 depends on all three tokens.",
 }
 _STATEMENT_FEEDBACK: dict[int, str] = {
-    1: "x_1 has 4 entries and q_1 has 3, so x_1 W_Q needs W_Q of shape 4 × 3 (D × Dk)",
+    1: "x_0 has 4 entries and q_0 has 3, so x_0 W_Q needs W_Q of shape 4 × 3 (D × Dk)",
     2: "a (4,) row times a 4 × 3 matrix is a (3,) vector",
     3: "one score per (query i, key j) pair",
     4: "a sigmoid treats each score alone; the weights of one query must be a softmax over all its keys, "
@@ -156,13 +156,25 @@ _STATEMENT_FEEDBACK: dict[int, str] = {
     8: "every weight of a softmax is positive, so every value contributes",
 }
 WORKED_EXAMPLE_WRONG = frozenset({1, 4, 5, 6})
+# The check names topics, never statements. Each topic holds one wrong and one right statement,
+# so a topic in the message does not tell which of its statements was misjudged, nor how.
+_TOPICS: dict[str, tuple[int, ...]] = {
+    "the shapes: write down the shapes of x_0, W_Q and q_0 and check that each product fits": (1, 2),
+    "the scores and their scale: which width does the dot product q_i · k_j add up over?": (3, 5),
+    "the weights: what must the weights of one query add up to, and which function makes them do so?": (4, 7),
+    "the outputs: whose values does z_i mix, and can a weight be exactly 0 without a mask?": (6, 8),
+}
 
 
 def check_spot_the_error(answer: Any) -> None:
     """Check the set of wrong statement numbers of notebook 03's "spot the error" exercise.
 
+    A wrong answer is told how many of the statements it misjudged and which
+    topics to look at again, never which statements are wrong: every topic has
+    one wrong and one right statement, so the message does not give the key away.
+
     Raises:
-        CheckError: Saying which statements were judged wrongly, and what to look at.
+        CheckError: Giving the number of misjudged statements and a hint per topic that has one.
     """
     __tracebackhide__ = True  # noqa: F841
     if answer is None:
@@ -176,13 +188,11 @@ def check_spot_the_error(answer: Any) -> None:
             raise CheckError(f"{item!r} is not a statement number: use the integers 1 to "
                              f"{len(WORKED_EXAMPLE_STATEMENTS)}")
         numbers.add(item)
-    missed = sorted(WORKED_EXAMPLE_WRONG - numbers)
-    flagged_right = sorted(numbers - WORKED_EXAMPLE_WRONG)
-    if missed or flagged_right:
-        lines = [f"statement {n} is wrong too; look again: it says \"{WORKED_EXAMPLE_STATEMENTS[n]}\"" for n in missed]
-        lines += [f"statement {n} is right: {_STATEMENT_FEEDBACK[n]}" for n in flagged_right]
-        raise CheckError(f"{len(numbers & WORKED_EXAMPLE_WRONG)} of the {len(WORKED_EXAMPLE_WRONG)} wrong statements "
-                         "found\n  " + "\n  ".join(lines))
+    misjudged = numbers ^ WORKED_EXAMPLE_WRONG  # flagged but right, or wrong but not flagged
+    if misjudged:
+        hints = [hint for hint, members in _TOPICS.items() if misjudged & set(members)]
+        raise CheckError(f"{len(misjudged)} of the {len(WORKED_EXAMPLE_STATEMENTS)} statements misjudged. "
+                         "Look again at\n  " + "\n  ".join(hints))
     passed("spot the error")
 
 

@@ -1,4 +1,4 @@
-"""Gradients through a deep stack of blocks: post-LN, pre-LN, no residuals (notebook 07).
+"""Deep stacks of encoder blocks: gradients at initialisation, and training with and without warm-up (notebook 07).
 
 A pre-LN stack ends with a final LayerNorm, as in the course's transformer, in
 GPT-2 and in Xiong et al. (2020): without it the un-normalised residual stream
@@ -8,10 +8,14 @@ reaches the loss directly and the gradients are not comparable with post-LN's.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from course_utils.blocks.transformer import TransformerEncoderBlock
+from course_utils.blocks.positional import sinusoidal_positional_encoding
+from course_utils.blocks.transformer import LayerNorm, TransformerEncoderBlock
+from course_utils.experiments.loop import fit, training_steps
 
 
 def gradient_norms_by_layer(depth: int, norm_first: bool, residual_connections: bool = True, d_model: int = 64,
@@ -56,3 +60,95 @@ def gradient_norms_by_layer(depth: int, norm_first: bool, residual_connections: 
     loss.backward()
     return [math.sqrt(sum(float((p.grad ** 2).sum()) for p in block.parameters() if p.grad is not None))
             for block in blocks]
+
+
+@dataclass(frozen=True)
+class WarmupConfig:
+    """A deep stack of encoder blocks learning to reverse fixed-length sequences (notebook 07, the warm-up runs)."""
+
+    depth: int = 6  # N: encoder blocks
+    d_model: int = 32  # D
+    num_heads: int = 4  # H
+    d_ff: int = 64  # hidden width of the feed-forward networks
+    length: int = 8  # T: tokens per sequence (all of the same length: no padding)
+    n_symbols: int = 10  # V: vocabulary size; guessing gives 1 / V of the tokens right
+    batch_size: int = 16  # B: sequences per step, drawn fresh at every step
+    steps: int = 100  # Adam steps
+    lr: float = 1e-2  # peak learning rate
+    warmup_steps: int = 50  # linear warm-up from lr / warmup_steps to lr, then constant; 0 = no warm-up
+    grad_clip: float = 1.0  # largest global gradient norm, as in the seq2seq training
+    n_test: int = 512  # fresh test sequences
+
+
+@dataclass(frozen=True)
+class StackRun:
+    """What :func:`train_reversal_stack` measured.
+
+    Attributes:
+        accuracy: Fraction of the test tokens predicted right (chance: 1 / V).
+        losses: Training loss at every step.
+    """
+
+    accuracy: float
+    losses: tuple[float, ...]
+
+
+class _ReversalStack(nn.Module):
+    """Embeddings scaled by sqrt(D) plus sinusoidal positions, ``depth`` encoder blocks, (pre-LN) a final LayerNorm,
+    and a linear layer that predicts, at every position i, the token at position T - 1 - i."""
+
+    def __init__(self, config: WarmupConfig, norm_first: bool) -> None:
+        super().__init__()
+        D = config.d_model
+        self.embedding = nn.Embedding(config.n_symbols, D)
+        nn.init.normal_(self.embedding.weight, std=D**-0.5)
+        self.register_buffer("pe", sinusoidal_positional_encoding(config.length, D))  # (T, D)
+        self.blocks = nn.ModuleList(TransformerEncoderBlock(D, config.num_heads, config.d_ff, norm_first=norm_first)
+                                    for _ in range(config.depth))
+        self.final_norm = LayerNorm(D) if norm_first else nn.Identity()
+        self.out = nn.Linear(D, config.n_symbols)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embedding(tokens) * math.sqrt(self.embedding.embedding_dim) + self.pe  # (B, T, D)
+        for block in self.blocks:
+            h = block(h)  # (B, T, D)
+        return self.out(self.final_norm(h))  # (B, T, V)
+
+
+def train_reversal_stack(norm_first: bool, config: WarmupConfig = WarmupConfig(), seed: int = 0) -> StackRun:
+    """Train a deep post-LN or pre-LN stack with Adam, with or without a learning-rate warm-up (notebook 07).
+
+    The task: read T random symbols and write them reversed, one output per
+    position (an encoder only: every position attends to every other). A
+    fresh batch is drawn at every step, so the test accuracy measures learning,
+    not memorising.
+
+    Args:
+        norm_first: Pre-LN (True; the stack ends with a final LayerNorm) or post-LN (False).
+        config: Sizes, budget and warm-up (``warmup_steps=0``: the full rate from the first step).
+        seed: Seeds the weights and the training batches; the test set is the same for every seed.
+
+    Returns:
+        A :class:`StackRun`.
+    """
+    torch.manual_seed(seed)
+    model = _ReversalStack(config, norm_first)
+    batches = torch.Generator().manual_seed(seed)
+    V, T, B = config.n_symbols, config.length, config.batch_size
+
+    def step_loss(step: int) -> torch.Tensor:
+        tokens = torch.randint(0, V, (B, T), generator=batches)  # (B, T)
+        logits = model(tokens)  # (B, T, V)
+        return nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flip(1).flatten())  # (B*T, V) vs (B*T,)
+
+    def lr_at(step: int) -> float:
+        return config.lr * min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps > 0 else config.lr
+
+    kind = "pre-LN" if norm_first else "post-LN"
+    result = fit(model, torch.optim.Adam(model.parameters(), lr=config.lr), step_loss, training_steps(config),
+                 f"{kind} stack of {config.depth}, warm-up {config.warmup_steps}, seed {seed}", lr_at=lr_at,
+                 grad_clip=config.grad_clip, threads=1)
+    test = torch.randint(0, V, (config.n_test, T), generator=torch.Generator().manual_seed(10_000))  # (N, T)
+    with torch.no_grad():
+        accuracy = (model(test).argmax(-1) == test.flip(1)).float().mean().item()  # (N, T, V) -> (N, T) -> scalar
+    return StackRun(accuracy=accuracy, losses=result.losses)

@@ -1,7 +1,8 @@
 """Do heads specialise? A task that needs two different lookups (notebook 05).
 
 Each position is labelled with the pair (left neighbour, right neighbour) of a
-circular sequence. One head can look one way; two heads can look both ways.
+circular sequence. Two heads can fetch one neighbour each; one head has to blend
+both neighbours into one weighted average (notebook 05 trains both).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class NeighbourConfig:
     V: int = 8  # vocabulary; the label is a pair of tokens, so V * V classes
     T: int = 12  # sequence length; circular: the left neighbour of position 0 is position T - 1
     d_model: int = 32  # width of the embeddings and of the attention layer
-    num_heads: int = 2  # heads; the task needs two lookups
+    num_heads: int = 2  # heads: 2 in the main run, 1 in the single-head control
     d_ff: int = 64  # hidden width of the classifier
     batch_size: int = 128  # sequences per step, a fresh batch each
     steps: int = 600  # Adam steps

@@ -2,10 +2,14 @@
 
 Vaswani et al. 2017, §3.2.1 and footnote 4: if the components of q and k are
 independent with mean 0 and variance 1, then q·k has mean 0 and variance Dk.
-Unscaled scores therefore spread out as Dk grows, the softmax saturates
-(one weight near 1, the rest near 0) and its gradients vanish. Each function
-here measures one part of that argument, so a lecturer can re-run it with other
-settings.
+Unscaled scores therefore spread out as Dk grows and the softmax saturates
+(one weight near 1, the rest near 0). What that does to learning is not simply
+that the gradients vanish: the mean gradient reaching the query grows with Dk
+(it comes from queries whose weight is split between a few wrong keys), but
+the part of it that would raise the right key is proportional to that key's
+weight, which a saturated softmax makes exponentially small. Each function
+here measures one part of that argument, so a lecturer can re-run it with
+other settings.
 """
 
 from __future__ import annotations
@@ -33,11 +37,11 @@ def score_variance(d_ks: Sequence[int], n_pairs: int = 20_000, seed: int = 0) ->
     """
     g = torch.Generator().manual_seed(seed)
     result = {}
-    for d_k in d_ks:
-        q = torch.randn(n_pairs, d_k, generator=g, dtype=torch.float64)  # (N, Dk)
-        k = torch.randn(n_pairs, d_k, generator=g, dtype=torch.float64)  # (N, Dk)
+    for Dk in d_ks:
+        q = torch.randn(n_pairs, Dk, generator=g, dtype=torch.float64)  # (N, Dk)
+        k = torch.randn(n_pairs, Dk, generator=g, dtype=torch.float64)  # (N, Dk)
         dots = (q * k).sum(dim=-1)  # (N, Dk) -> (N,)
-        result[d_k] = dots.var().item()
+        result[Dk] = dots.var().item()
     return result
 
 
@@ -52,48 +56,130 @@ def fit_slope(x: Sequence[float], y: Sequence[float], log: bool = False) -> floa
 
 
 @dataclass(frozen=True)
-class Saturation:
-    """Softmax statistics against Dk, averaged over random queries (see ``softmax_saturation``)."""
+class SelfScores:
+    """Scores of a token with itself against scores with other tokens (see ``self_attention_diagonal``)."""
 
-    d_ks: list[int]  # the key widths measured
-    entropy: dict[str, list[float]]  # {"scaled"/"unscaled": mean entropy of a query's weights, nats}
-    max_weight: dict[str, list[float]]  # {"scaled"/"unscaled": mean largest weight of a query}
-    grad_norm: dict[str, list[float]]  # {"scaled"/"unscaled": mean norm of the gradient w.r.t. the scores}
+    Dk: int  # width of queries and keys
+    rho: float  # correlation of W_K with W_Q: 0 = independent, 1 = tied (W_K = W_Q)
+    diagonal_mean: float  # mean of q_i · k_i / Dk (unscaled): 0 when q_i, k_i are independent, rho in theory
+    off_diagonal_variance: float  # variance of q_i · k_j / Dk for i != j (unscaled): about 1
+    self_weight: float  # mean w_ii with the 1/sqrt(Dk) scale: about 1/T when nothing singles out i
+
+
+def self_attention_diagonal(d_ks: Sequence[int], rhos: Sequence[float], D: int = 1024, T: int = 16,
+                            num_sentences: int = 200, seed: int = 0) -> list[SelfScores]:
+    """Self-attention of random tokens when W_K is correlated with W_Q (tied when rho = 1).
+
+    The tokens x_i have independent N(0, 1) components; W_Q has N(0, 1/D)
+    entries, so q_i = x_i W_Q has components of variance 1, and
+    ``W_K = rho W_Q + sqrt(1 - rho^2) W'`` with an independent W' like W_Q.
+    For i != j, q_i and k_j come from different tokens and the variance
+    argument holds. For i = j they come from the same token: E[q_i · k_i] =
+    rho Dk, so the scaled diagonal score has mean rho sqrt(Dk), which grows.
+
+    Args:
+        d_ks: Key widths Dk.
+        rhos: Correlations between W_K and W_Q, in [0, 1].
+        D: Width of the tokens (keep D >> Dk so that q's components stay nearly independent).
+        T: Tokens per sentence (queries = keys).
+        num_sentences: Sentences averaged over.
+        seed: Seed of the generator.
+
+    Returns:
+        One ``SelfScores`` per (Dk, rho), Dk-major.
+    """
+    g = torch.Generator().manual_seed(seed)
+    eye = torch.eye(T, dtype=torch.bool)  # (T, T): the diagonal i = j
+    result = []
+    for Dk in d_ks:
+        x = torch.randn(num_sentences, T, D, generator=g, dtype=torch.float64)  # (N, T, D)
+        W_q = torch.randn(D, Dk, generator=g, dtype=torch.float64) / math.sqrt(D)  # (D, Dk)
+        W_other = torch.randn(D, Dk, generator=g, dtype=torch.float64) / math.sqrt(D)  # (D, Dk)
+        for rho in rhos:
+            W_k = rho * W_q + math.sqrt(1.0 - rho**2) * W_other  # (D, Dk)
+            q, k = x @ W_q, x @ W_k  # (N, T, D) @ (D, Dk) -> (N, T, Dk)
+            scores = q @ k.transpose(-2, -1)  # (N, T, Dk) @ (N, Dk, T) -> (N, T, T), unscaled
+            weights = torch.softmax(scores / math.sqrt(Dk), dim=-1)  # (N, T, T), scaled
+            result.append(SelfScores(
+                Dk=Dk, rho=rho,
+                diagonal_mean=(scores[:, eye].mean() / Dk).item(),
+                off_diagonal_variance=(scores[:, ~eye].var() / Dk).item(),
+                self_weight=weights[:, eye].mean().item(),
+            ))
+    return result
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """Softmax statistics and gradients against Dk, scaled and unscaled (see ``softmax_saturation``).
+
+    Every dict maps "scaled"/"unscaled" to one value per Dk in ``d_ks``.
+    """
+
+    d_ks: list[int]  # the key widths Dk measured
+    entropy: dict[str, list[float]]  # mean entropy of a query's weights, nats
+    max_weight: dict[str, list[float]]  # mean largest weight of a query
+    right_weight: dict[str, list[float]]  # median weight w_{j*} of the right key
+    grad_norm: dict[str, list[float]]  # mean norm of dL/de, the gradient with respect to the scores
+    grad_query: dict[str, list[float]]  # mean norm of dL/dq, the gradient with respect to the query
+    grad_query_median: dict[str, list[float]]  # median norm of dL/dq: the typical query
+    split_fraction: dict[str, list[float]]  # fraction of queries whose second-largest weight exceeds 0.01
+    split_grad_share: dict[str, list[float]]  # share of the summed ||dL/dq|| that comes from those queries
     num_keys: int  # S, keys per query; uniform weights have entropy ln(S)
 
 
-def softmax_saturation(d_ks: Sequence[int], num_keys: int = 16, num_queries: int = 256,
+def softmax_saturation(d_ks: Sequence[int], num_keys: int = 16, num_queries: int = 256, Dv: int = 16,
                        seed: int = 0) -> Saturation:
-    """Entropy, largest weight and gradient norm of the softmax, scaled and unscaled, against Dk.
+    """Entropy, weights and gradients of one attention step, scaled and unscaled, against Dk.
 
-    q and k have independent N(0, 1) components. The gradient is that of
-    ``L = sum_j w_j u_j`` for a random upstream gradient u, with respect to the
-    scores, computed by autograd: ``J u`` with ``J = diag(w) - w w^T``.
+    One query q attends over S keys k_j with values v_j; all components are
+    independent N(0, 1). The task: retrieve the value of key j* = 0 (the keys
+    are exchangeable, so any fixed j* is a random one). The loss is
+    ``L = 0.5 * ||z - v_{j*}||^2`` with ``z = sum_j w_j v_j`` and
+    ``w = softmax(e)``, ``e_j = q · k_j / sqrt(Dk)`` (scaled) or ``q · k_j``
+    (unscaled). Gradients by autograd, in float64 so that tiny weights do not
+    round to 0.
 
     Args:
         d_ks: Key widths Dk.
         num_keys: S, the number of keys each query attends over.
         num_queries: Queries averaged over.
+        Dv: Width of the values.
         seed: Seed of the generator.
 
     Returns:
         A ``Saturation`` with one value per Dk for each statistic and variant.
     """
     g = torch.Generator().manual_seed(seed)
-    stats: dict[str, dict[str, list[float]]] = {s: {"scaled": [], "unscaled": []} for s in ("entropy", "max", "grad")}
-    for d_k in d_ks:
-        q = torch.randn(num_queries, 1, d_k, generator=g)  # (N, 1, Dk): one query per row
-        k = torch.randn(num_queries, num_keys, d_k, generator=g)  # (N, S, Dk)
-        u = torch.randn(num_queries, 1, num_keys, generator=g)  # (N, 1, S): upstream gradient
-        for variant, scale in (("scaled", 1.0 / math.sqrt(d_k)), ("unscaled", 1.0)):
-            scores = (q @ k.transpose(-2, -1) * scale).requires_grad_(True)  # (N, 1, Dk) @ (N, Dk, S) -> (N, 1, S)
+    names = ("entropy", "max", "right", "grad", "grad_q", "grad_q_median", "split", "split_share")
+    stats: dict[str, dict[str, list[float]]] = {s: {"scaled": [], "unscaled": []} for s in names}
+    for Dk in d_ks:
+        q0 = torch.randn(num_queries, 1, Dk, generator=g, dtype=torch.float64)  # (N, 1, Dk): one query per row
+        k = torch.randn(num_queries, num_keys, Dk, generator=g, dtype=torch.float64)  # (N, S, Dk)
+        v = torch.randn(num_queries, num_keys, Dv, generator=g, dtype=torch.float64)  # (N, S, Dv)
+        for variant, scale in (("scaled", 1.0 / math.sqrt(Dk)), ("unscaled", 1.0)):
+            q = q0.clone().requires_grad_(True)
+            scores = q @ k.transpose(-2, -1) * scale  # (N, 1, Dk) @ (N, Dk, S) -> (N, 1, S)
+            scores.retain_grad()
             weights = torch.softmax(scores, dim=-1)  # (N, 1, S)
-            (weights * u).sum().backward()
-            stats["entropy"][variant].append(attention_entropy(weights.detach()).mean().item())
-            stats["max"][variant].append(weights.detach().amax(dim=-1).mean().item())
-            stats["grad"][variant].append(scores.grad.norm(dim=-1).mean().item())
-    return Saturation(d_ks=list(d_ks), entropy=stats["entropy"], max_weight=stats["max"], grad_norm=stats["grad"],
-                      num_keys=num_keys)
+            z = weights @ v  # (N, 1, S) @ (N, S, Dv) -> (N, 1, Dv)
+            loss = 0.5 * ((z[:, 0] - v[:, 0]) ** 2).sum(dim=-1)  # (N,): one loss per query, j* = 0
+            loss.sum().backward()
+            w = weights.detach()[:, 0]  # (N, S)
+            stats["entropy"][variant].append(attention_entropy(w).mean().item())
+            stats["max"][variant].append(w.amax(dim=-1).mean().item())
+            stats["right"][variant].append(w[:, 0].median().item())
+            stats["grad"][variant].append(scores.grad[:, 0].norm(dim=-1).mean().item())
+            stats["grad_q"][variant].append(q.grad[:, 0].norm(dim=-1).mean().item())
+            q_norms = q.grad[:, 0].norm(dim=-1)  # (N,)
+            stats["grad_q_median"][variant].append(q_norms.median().item())
+            split = w.topk(2, dim=-1).values[:, 1] > 0.01  # (N,): weight shared by at least two keys
+            stats["split"][variant].append(split.double().mean().item())
+            stats["split_share"][variant].append((q_norms[split].sum() / q_norms.sum()).item())
+    return Saturation(d_ks=list(d_ks), entropy=stats["entropy"], max_weight=stats["max"],
+                      right_weight=stats["right"], grad_norm=stats["grad"], grad_query=stats["grad_q"],
+                      grad_query_median=stats["grad_q_median"], split_fraction=stats["split"],
+                      split_grad_share=stats["split_share"], num_keys=num_keys)
 
 
 # ---------------------------------------------------------------------------
@@ -105,15 +191,16 @@ def softmax_saturation(d_ks: Sequence[int], num_keys: int = 16, num_queries: int
 class RecallConfig:
     """Associative recall: find the value stored under the query's key (notebook 04)."""
 
-    d_k: int = 512  # width of queries, keys and values; large, where the scale matters
+    Dk: int = 64  # width of queries and keys: the one width a sweep changes
+    Dv: int = 64  # width of the values, fixed so that only Dk changes across a sweep
     num_pairs: int = 16  # S: (key, value) pairs per example; the query asks for one of them
     num_keys: int = 64  # key vocabulary; the keys of one example are distinct
-    num_values: int = 64  # value vocabulary = number of classes
+    num_values: int = 64  # value vocabulary = number of classes; chance loss ln 64 = 4.16
     d_model: int = 32  # width of the token embeddings
     batch_size: int = 64  # examples per training step
-    steps: int = 60  # training steps
+    steps: int = 150  # training steps
     lr: float = 3e-3  # Adam learning rate
-    test_size: int = 2000  # held-out examples for the accuracy
+    test_size: int = 2000  # held-out examples for the accuracy and the attention statistics
 
 
 def make_recall_batch(config: RecallConfig, batch_size: int, generator: torch.Generator
@@ -137,28 +224,57 @@ class RecallModel(torch.nn.Module):
 
     Each stored pair is one token, key embedding + value embedding; the query is
     the key embedding of the asked key. ``scale`` multiplies the scores:
-    ``1 / sqrt(d_k)`` (scaled) or ``1.0`` (unscaled); nothing else differs.
+    ``1 / sqrt(Dk)`` (scaled) or ``1.0`` (unscaled); nothing else differs.
     """
 
     def __init__(self, config: RecallConfig, scale: float) -> None:
         super().__init__()
         self.key_embedding = torch.nn.Embedding(config.num_keys, config.d_model)
         self.value_embedding = torch.nn.Embedding(config.num_values, config.d_model)
-        self.q_proj = torch.nn.Linear(config.d_model, config.d_k)
-        self.k_proj = torch.nn.Linear(config.d_model, config.d_k)
-        self.v_proj = torch.nn.Linear(config.d_model, config.d_k)
-        self.out_proj = torch.nn.Linear(config.d_k, config.num_values)
+        self.q_proj = torch.nn.Linear(config.d_model, config.Dk)
+        self.k_proj = torch.nn.Linear(config.d_model, config.Dk)
+        self.v_proj = torch.nn.Linear(config.d_model, config.Dv)
+        self.out_proj = torch.nn.Linear(config.Dv, config.num_values)
         self.scale = scale
+
+    def project(self, keys: torch.Tensor, values: torch.Tensor, query: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, 1, Dk), k (B, S, Dk), v (B, S, Dv) of a batch."""
+        pairs = self.key_embedding(keys) + self.value_embedding(values)  # (B, S, d_model)
+        q = self.q_proj(self.key_embedding(query))[:, None, :]  # (B, d_model) -> (B, 1, Dk)
+        return q, self.k_proj(pairs), self.v_proj(pairs)  # (B, 1, Dk), (B, S, Dk), (B, S, Dv)
 
     def forward(self, keys: torch.Tensor, values: torch.Tensor, query: torch.Tensor,
                 return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, num_values); with ``return_weights`` also the weights (B, 1, S)."""
-        pairs = self.key_embedding(keys) + self.value_embedding(values)  # (B, S, d_model)
-        q = self.q_proj(self.key_embedding(query))[:, None, :]  # (B, d_model) -> (B, 1, d_k)
-        k, v = self.k_proj(pairs), self.v_proj(pairs)  # (B, S, d_k) each
-        context, weights = scaled_dot_product_attention(q, k, v, scale=self.scale)  # (B, 1, d_k), (B, 1, S)
-        logits = self.out_proj(context[:, 0])  # (B, d_k) -> (B, num_values)
+        q, k, v = self.project(keys, values, query)
+        context, weights = scaled_dot_product_attention(q, k, v, scale=self.scale)  # (B, 1, Dv), (B, 1, S)
+        logits = self.out_proj(context[:, 0])  # (B, Dv) -> (B, num_values)
         return (logits, weights) if return_weights else logits
+
+
+@dataclass(frozen=True)
+class AttentionStats:
+    """What one attention step of a ``RecallModel`` does on held-out examples (means over them)."""
+
+    query_norm: float  # mean ||q||
+    key_norm: float  # mean ||k_j||
+    score_std: float  # std of the scores e_j that enter the softmax (scale included)
+    max_weight: float  # mean largest weight of a query
+    right_weight: float  # mean weight on the pair the query asks for
+
+
+def attention_stats(model: RecallModel, batch: tuple[torch.Tensor, ...]) -> AttentionStats:
+    """``AttentionStats`` of ``model`` on ``batch`` = (keys, values, query, target)."""
+    keys, values, query, _ = batch
+    with torch.no_grad():
+        q, k, _ = model.project(keys, values, query)  # (N, 1, Dk), (N, S, Dk)
+        scores = q @ k.transpose(-2, -1) * model.scale  # (N, 1, Dk) @ (N, Dk, S) -> (N, 1, S)
+        weights = torch.softmax(scores, dim=-1)[:, 0]  # (N, S)
+        right = weights[keys == query[:, None]]  # (N,): weight on the asked pair (keys are distinct)
+    return AttentionStats(query_norm=q.norm(dim=-1).mean().item(), key_norm=k.norm(dim=-1).mean().item(),
+                          score_std=scores.std().item(), max_weight=weights.amax(dim=-1).mean().item(),
+                          right_weight=right.mean().item())
 
 
 @dataclass(frozen=True)
@@ -167,33 +283,44 @@ class RecallResult:
 
     losses: list[float]  # training loss at every step
     accuracy: float  # held-out accuracy after training, in [0, 1]
-    initial_max_weight: float  # mean largest attention weight at initialisation (held-out examples)
-    initial_score_std: float  # std of the scaled (or unscaled) scores at initialisation
+    initial: AttentionStats  # attention on the held-out examples at initialisation
+    final: AttentionStats  # ... after training
 
 
-def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, seed: int = 0) -> RecallResult:
-    """Train a ``RecallModel`` with or without the 1/sqrt(d_k) scale.
+def steps_to_learn(losses: Sequence[float], threshold: float = 1.0, window: int = 10) -> int | None:
+    """First step after which the mean training loss of the last ``window`` steps is below ``threshold``.
 
-    With the same seed, both variants start from the same weights and see the
+    Returns:
+        The number of steps taken (``window`` <= n <= len(losses)), or None if never.
+    """
+    for n in range(window, len(losses) + 1):
+        if sum(losses[n - window:n]) / window < threshold:
+            return n
+    return None
+
+
+def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, seed: int = 0,
+                 scale: float | None = None) -> RecallResult:
+    """Train a ``RecallModel`` with or without the 1/sqrt(Dk) scale.
+
+    With the same seed, all variants start from the same weights and see the
     same batches; only the scale differs.
 
     Args:
         config: Task and training settings.
-        scaled: Multiply the scores by 1/sqrt(d_k) (True) or by 1 (False).
+        scaled: Multiply the scores by 1/sqrt(Dk) (True) or by 1 (False).
         seed: Seed for the initial weights, the training batches and the test set.
+        scale: If given, multiply the scores by this instead (``scaled`` is then ignored).
 
     Returns:
         A ``RecallResult``.
     """
     torch.manual_seed(seed)
-    model = RecallModel(config, scale=1.0 / math.sqrt(config.d_k) if scaled else 1.0)
+    if scale is None:
+        scale = 1.0 / math.sqrt(config.Dk) if scaled else 1.0
+    model = RecallModel(config, scale=scale)
     test = make_recall_batch(config, config.test_size, torch.Generator().manual_seed(10_000 + seed))
-    with torch.no_grad():
-        pairs = model.key_embedding(test[0]) + model.value_embedding(test[1])  # (N, S, d_model)
-        q = model.q_proj(model.key_embedding(test[2]))[:, None, :]  # (N, 1, d_k)
-        scores = q @ model.k_proj(pairs).transpose(-2, -1) * model.scale  # (N, 1, S)
-        initial_max_weight = torch.softmax(scores, dim=-1).amax(dim=-1).mean().item()
-        initial_score_std = scores.std().item()
+    initial = attention_stats(model, test)
     generator = torch.Generator().manual_seed(seed)
 
     def step_loss(step: int) -> torch.Tensor:
@@ -201,8 +328,8 @@ def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, see
         return torch.nn.functional.cross_entropy(model(keys, values, query), target)
 
     result = fit(model, torch.optim.Adam(model.parameters(), lr=config.lr), step_loss, training_steps(config),
-                 f"recall model, d_k = {config.d_k}, {'scaled' if scaled else 'unscaled'}, seed {seed}")
+                 f"recall model, Dk = {config.Dk}, scale {scale:.4g}, seed {seed}")
     with torch.no_grad():
         accuracy = (model(*test[:3]).argmax(dim=-1) == test[3]).float().mean().item()
-    return RecallResult(losses=list(result.losses), accuracy=accuracy, initial_max_weight=initial_max_weight,
-                        initial_score_std=initial_score_std)
+    return RecallResult(losses=list(result.losses), accuracy=accuracy, initial=initial,
+                        final=attention_stats(model, test))

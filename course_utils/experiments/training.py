@@ -63,6 +63,25 @@ def _epoch_batches(n: int, batch_size: int, generator: torch.Generator) -> Itera
             yield perm[start : start + batch_size]  # (B,)
 
 
+def teacher_forced_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Cross-entropy of each target token given the source and the tokens before it (teacher forcing; notebook 07).
+
+    The decoder reads ``batch.tgt_in``, the target shifted right by one
+    (``<sos> y_0 ... y_{T-2}``), and is scored on ``batch.tgt_out``, the target
+    itself (``y_0 ... y_{T-1}``, ending in ``<eos>``): position i sees tokens
+    before i only and must predict token i.
+
+    Args:
+        model: Any model of the course's seq2seq interface, ``model(src, src_lengths, tgt_in) -> (B, T, V)``.
+        batch: A :class:`~course_utils.experiments.data.Batch`.
+
+    Returns:
+        The mean loss over the real (non-pad) target tokens, a scalar.
+    """
+    logits = model(batch.src, batch.src_lengths, batch.tgt_in)  # (B, T, V): position i has read <sos> y_0 ... y_{i-1}
+    return sequence_loss(logits, batch.tgt_out)  # scored on y_i at position i (B*T tokens, padding ignored)
+
+
 def train(model: Seq2Seq, data: Batch, config: Seq2SeqConfig, progress: bool = False) -> TrainResult:
     """Train with Adam, teacher forcing and gradient clipping.
 
@@ -86,9 +105,7 @@ def train(model: Seq2Seq, data: Batch, config: Seq2SeqConfig, progress: bool = F
     batches = _epoch_batches(len(data), config.batch_size, generator)
 
     def step_loss(step: int) -> torch.Tensor:
-        batch = data.select(next(batches))
-        logits = model(batch.src, batch.src_lengths, batch.tgt_in)  # (B, T, V)
-        return sequence_loss(logits, batch.tgt_out)
+        return teacher_forced_loss(model, data.select(next(batches)))
 
     steps = training_steps(config)
     return fit(model, torch.optim.Adam(model.parameters(), lr=config.lr), step_loss, steps,
