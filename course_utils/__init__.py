@@ -61,10 +61,11 @@ from course_utils.blocks.transformer import (
     TransformerDecoderBlock,
     TransformerEncoderBlock,
     TransformerSeq2Seq,
+    block_from_torch,
     layer_norm,
     residual,
 )
-from course_utils.experiments.deep_stacks import gradient_norms_by_layer
+from course_utils.experiments.deep_stacks import StackRun, WarmupConfig, gradient_norms_by_layer, train_reversal_stack
 from course_utils.experiments.efficiency import (
     LayerTimes,
     SelfAttentionLayer,
@@ -116,6 +117,10 @@ __all__ = [
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
     "TransformerSeq2Seq",
+    "block_from_torch",
+    "StackRun",
+    "WarmupConfig",
+    "train_reversal_stack",
     "ablate_head",
     "apply_rotary",
     "attention_cost",
