@@ -58,8 +58,9 @@ def test_check_close_names_a_known_mistake_and_locates_unknown_ones():
         check_close(-expected, expected, name="x", suspects={"forgot the minus": -expected})
     wrong = expected.clone()
     wrong[1, 2] = 99.0
-    with pytest.raises(CheckError, match=r"at index \(1, 2\) expected 5\.0000, got 99\.0000 \(1 of 6 entries differ\)"):
+    with pytest.raises(CheckError, match=r"1 of 6 entries differ from the reference, the most at index \(1, 2\), where you returned 99\.0000") as err:
         check_close(wrong, expected, name="x")
+    assert "5.0" not in str(err.value), "the expected value (an answer-key entry) is never printed"
     check_close(expected + 1e-7, expected, name="x")  # within tolerance
 
 
@@ -253,18 +254,30 @@ def test_seq2seq_checkers_accept_the_reference(seed, capsys):
     check_additive_scores(scorers.additive_scores, seed=seed, B=4, S=4)
     check_attend(scorers.attend, seed=seed)
     check_bilinear_scores(scorers.bilinear_scores, seed=seed)
-    check_bilinear_scores(scorers.bilinear_scores, seed=seed, Dq=4, Dk=4)
+    check_bilinear_scores(scorers.bilinear_scores, seed=seed, R=4, Dk=4)
     assert capsys.readouterr().out.count("all checks passed") == 7
+
+
+def assert_no_answer_in(message):
+    """Notebook 01's checkers name the bug in words: no solution code, no entry of the expected answer."""
+    if "raised" in message:  # the message then quotes the learner's own line, which may hold any code
+        return
+    for code in ("torch.arange", "lengths - 1]", "lengths[b] - 1", ".all(", "!= pad", "expected -", "expected 0",
+                 "expected 1"):
+        assert code not in message, f"{code!r} in {message!r}"
 
 
 FINAL_BUGS = [
     (lambda states, lengths: states[:, -1], "a padding position"),
-    (lambda states, lengths: states[torch.arange(states.shape[0]), (lengths - 2).clamp(min=0)], "lengths[b] - 2"),
+    (lambda states, lengths: states[torch.arange(states.shape[0]), (lengths - 2).clamp(min=0)], "one position before"),
     (lambda states, lengths: states[:, 0], "the first position"),
     (lambda states, lengths: states.mean(1), "averages over positions"),
-    (lambda states, lengths: states[:, lengths - 1], "from *every* row"),
+    (lambda states, lengths: states[:, lengths - 1], "of *every* row"),
     (lambda states, lengths: states[torch.arange(states.shape[0]), lengths], "raised IndexError"),
     (lambda states, lengths: None, "got None"),
+    # right values, but through numpy: no gradient reaches the encoder
+    (lambda states, lengths: torch.tensor(states.detach().numpy()[range(states.shape[0]), (lengths - 1).numpy()]),
+     "cut off from autograd"),
 ]
 
 
@@ -273,17 +286,20 @@ def test_check_final_states_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_final_states(buggy)
     assert fragment in str(err.value)
+    assert_no_answer_in(str(err.value))
 
 
 MATCH_BUGS = [
-    (lambda tokens, targets: (tokens == targets).all(dim=1), "padding positions were compared"),
-    (lambda tokens, targets: ((tokens == targets) & (targets != 0)).any(dim=1), "any() accepts"),
+    (lambda tokens, targets: (tokens == targets).all(dim=1), "Padding positions were compared"),
+    (lambda tokens, targets: ((tokens == targets) & (targets != 0)).any(dim=1), "a single right token"),
     (lambda tokens, targets: (tokens == targets).float().mean(dim=1), "fraction of right tokens"),
-    (lambda tokens, targets: (tokens == targets) | (targets == 0), "reduce over the T positions"),
+    (lambda tokens, targets: (tokens == targets) | (targets == 0), "one value per token"),
     (lambda tokens, targets: ((tokens == targets) | (targets == 0)).all(dim=0), "reduced over the batch"),
-    (lambda tokens, targets: ((tokens == targets) | (targets == 0)).all(), "a single number"),
+    (lambda tokens, targets: ((tokens == targets) | (targets == 0)).all(), "a single value"),
     (lambda tokens, targets: ((tokens == targets) | (targets == 0)).all(dim=1).int(), "expected a bool tensor"),
     (lambda tokens, targets: ((tokens == targets) | (targets == 0) | (targets == 2)).all(dim=1), "<eos> position was skipped"),
+    # the last column is never compared
+    (lambda tokens, targets: ((tokens == targets) | (targets == 0))[:, :-1].all(dim=1), "the last column"),
 ]
 
 
@@ -292,16 +308,27 @@ def test_check_sequence_exact_match_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_sequence_exact_match(buggy)
     assert fragment in str(err.value)
+    assert_no_answer_in(str(err.value))
+
+
+def assert_no_code_in(message):
+    """Notebook 02's checkers name the bug in words: no indexing, operator or call that fixes it."""
+    learner_line = message.split("look at ", 1)[1].split("\n", 1)[0] if "look at " in message else ""
+    message = message.replace(learner_line, "")  # a raised error quotes the learner's own line, which may hold any code
+    for code in ("[:, None", "None, :]", "[:, :, None]", "unsqueeze", "squeeze", "@ v", "@ W", "bmm", "einsum",
+                 ".sum(", "dim=", "masked_fill", "-inf", "q_proj[", "query[b]", "keys[b", ".T"):
+        assert code not in message, f"{code!r} in {message!r}"
 
 
 ADDITIVE_BUGS = [
     (lambda q, k, v: (q[:, None, :] + k) @ v, {}, "the tanh is missing"),
-    (lambda q, k, v: torch.tanh((q[:, None, :] + k) @ v), {}, "tanh was applied after v"),
-    (lambda q, k, v: torch.tanh(q[:, None, :] + k).sum(-1), {}, "summed instead of weighted by v"),
+    (lambda q, k, v: torch.tanh((q[:, None, :] + k) @ v), {}, "tanh was applied after v_a"),
+    (lambda q, k, v: torch.tanh(q[:, None, :] + k).sum(-1), {}, "summed over A instead of weighted by v_a"),
     (lambda q, k, v: torch.softmax(torch.tanh(q[:, None, :] + k) @ v, -1), {}, "these are weights, not scores"),
-    (lambda q, k, v: torch.tanh(q[:, None, :] + k), {}, "take the dot product with v"),
-    (lambda q, k, v: torch.tanh(q + k) @ v, {}, "give it a size-1 source axis"),  # B != S: raises
+    (lambda q, k, v: torch.tanh(q[:, None, :] + k), {}, "not reduced with v_a"),
+    (lambda q, k, v: torch.tanh(q + k) @ v, {}, "every source position of its own sequence"),  # B != S: raises
     (lambda q, k, v: torch.tanh(q + k) @ v, {"B": 4, "S": 4}, "query was not broadcast"),  # B == S: silent
+    (lambda q, k, v: (torch.tanh(q[:, None, :] + k) @ v)[:, :, None], {}, "one size-1 axis too many"),
 ]
 
 
@@ -310,6 +337,7 @@ def test_check_additive_scores_names_the_bug(buggy, kwargs, fragment):
     with pytest.raises(CheckError) as err:
         check_additive_scores(buggy, **kwargs)
     assert fragment in str(err.value)
+    assert_no_code_in(str(err.value))
 
 
 def _attend_wrong_dim(scores, values, mask):
@@ -348,13 +376,15 @@ def test_check_attend_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_attend(buggy)
     assert fragment in str(err.value)
+    assert_no_code_in(str(err.value))
 
 
 BILINEAR_BUGS = [
-    (lambda q, k, W: scorers.bilinear_scores(q, k, W.T), {"Dq": 4, "Dk": 4}, "W is transposed"),
-    (lambda q, k, W: (k @ q[:, :, None])[:, :, 0], {"Dq": 4, "Dk": 4}, "W was left out"),
-    (lambda q, k, W: k @ (q @ W)[:, :, None], {}, "drop the trailing size-1 axis"),
-    (lambda q, k, W: (q @ W) @ k.transpose(-2, -1), {}, "every query was scored against every sequence"),
+    (lambda q, k, W: scorers.bilinear_scores(q, k, W.T), {"R": 4, "Dk": 4}, "W is transposed"),
+    (lambda q, k, W: (k @ q[:, :, None])[:, :, 0], {"R": 4, "Dk": 4}, "W was left out"),
+    (lambda q, k, W: k @ (q @ W)[:, :, None], {}, "one size-1 axis too many"),
+    (lambda q, k, W: (q @ W) @ k.transpose(-2, -1), {}, "every query was scored against the keys of every sequence"),
+    (lambda q, k, W: k * (q @ W)[:, None, :], {}, "not summed over Dk"),
     (lambda q, k, W: k @ (W @ q), {}, "raised RuntimeError"),
 ]
 
@@ -364,6 +394,7 @@ def test_check_bilinear_scores_names_the_bug(buggy, kwargs, fragment):
     with pytest.raises(CheckError) as err:
         check_bilinear_scores(buggy, **kwargs)
     assert fragment in str(err.value)
+    assert_no_code_in(str(err.value))
 
 
 def _step_variant(query_after_update=False, mask=True, return_old_state=False, swap_inputs=False, values="states"):
@@ -371,12 +402,14 @@ def _step_variant(query_after_update=False, mask=True, return_old_state=False, s
 
     def step(self, y_prev, state, enc_states, keys, mask_):
         emb = self.embedding(y_prev)
+        if query_after_update:  # Luong's order: the GRU first (with no context yet), then the query
+            new_state = self.cell(torch.cat([emb, torch.zeros_like(enc_states[:, 0])], dim=-1), state)
+            context, weights = scorers.attend(self.scorer.score(new_state, keys), enc_states, mask_)
+            return new_state, context, emb, weights
         context, weights = scorers.attend(self.scorer.score(state, keys), enc_states if values == "states" else keys,
                                           mask_ if mask else None)
         parts = [context, emb] if swap_inputs else [emb, context]
         new_state = self.cell(torch.cat(parts, dim=-1), state)
-        if query_after_update:
-            context, weights = scorers.attend(self.scorer.score(new_state, keys), enc_states, mask_)
         return (state if return_old_state else new_state), context, emb, weights
 
     return step
@@ -386,7 +419,7 @@ STEP_BUGS = [
     (_step_variant(mask=False), "the mask was not passed to attend"),
     (_step_variant(query_after_update=True), "queries with s_{i-1}"),
     (_step_variant(return_old_state=True), "the step returned s_{i-1}"),
-    (_step_variant(swap_inputs=True), "in that order"),
+    (_step_variant(swap_inputs=True), "are swapped"),
     (_step_variant(values="keys"), "not the projected keys"),
     (lambda self, *args: seq2seq.AttentionDecoder.step(self, *args)[:3], "a tuple (state, context, emb, weights)"),
 ]
@@ -405,6 +438,7 @@ def test_check_attention_step_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_attention_step(buggy)
     assert fragment in str(err.value)
+    assert_no_code_in(str(err.value))
 
 
 def test_check_attention_step_leaves_the_global_random_state_alone():
@@ -417,6 +451,7 @@ def test_check_attention_step_leaves_the_global_random_state_alone():
 # --- notebooks 03 and 04 ------------------------------------------------------
 
 import math  # noqa: E402
+import re  # noqa: E402
 
 from course_utils.checks import (  # noqa: E402
     WORKED_EXAMPLE_WRONG,
@@ -565,6 +600,16 @@ def test_worked_example_explanation_covers_every_statement():
     assert len(lines) == 8 and sum("**wrong**" in line for line in lines) == len(WORKED_EXAMPLE_WRONG)
 
 
+def assert_no_solution_in_04(message):
+    """Notebook 04's checkers name the bug in words: no code of the solution, no technique that fixes it."""
+    learner_line = message.split("look at ", 1)[1].split("\n", 1)[0] if "look at " in message else ""
+    message = message.replace(learner_line, "")  # a raised error quotes the learner's own line
+    for code in ("q.shape[-1]", "clamp", "xlogy", "finfo", "transpose(-2, -1)", "dim=-1", ".sum(", "1e-30",
+                 "/ sqrt(Dh)", "divide by sqrt"):
+        assert code not in message, f"{code!r} in {message!r}"
+    assert not re.search(r"expected -?\d", message), message  # no entry of the expected answer
+
+
 ENTROPY_BUGS = [
     (lambda w: -(w * w.log()).sum(-1), "NaN"),
     (lambda w: (w * w.clamp(min=1e-30).log()).sum(-1), "minus sign is missing"),
@@ -573,6 +618,15 @@ ENTROPY_BUGS = [
     (lambda w: -(w * w.clamp(min=1e-30).log()).sum(-2), "you summed over the queries"),
     (lambda w: -(w * w.clamp(min=1e-30).log()), "not yet summed over the keys"),
     (lambda w: -(w * w.clamp(min=1e-30).log()).sum(), "a single number"),
+    # the reviewer's two: right values, NaN gradient at the masked keys (the backward pass still takes log 0)
+    (lambda w: -torch.nan_to_num(w * torch.log(w)).sum(-1), "gradient with respect to the weights is NaN or inf"),
+    (lambda w: -torch.where(w > 0, w * w.log(), torch.zeros_like(w)).sum(-1),
+     "gradient with respect to the weights is NaN or inf"),
+    (lambda w: -torch.special.xlogy(w, w).sum(-1), "the backward pass still goes through log 0"),
+    # right values through NumPy: no gradient at all
+    (lambda w: torch.tensor(-(w.detach().numpy() * w.detach().clamp(min=1e-30).log().numpy()).sum(-1)),
+     "cut off from autograd"),
+    (lambda w: -(w.detach() * w.clamp(min=1e-30).log()).sum(-1), "not the right gradient"),
 ]
 
 
@@ -581,6 +635,7 @@ def test_check_attention_entropy_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_attention_entropy(buggy)
     assert fragment in str(err.value)
+    assert_no_solution_in_04(str(err.value))
 
 
 SCALED_SCORE_BUGS = [
@@ -594,11 +649,22 @@ SCALED_SCORE_BUGS = [
 ]
 
 
+SCALED_SCORE_BUGS += [
+    # the reviewer's NumPy version: right values, not differentiable
+    (lambda q, k: torch.from_numpy(np.matmul(q.detach().numpy(), np.swapaxes(k.detach().numpy(), -1, -2))
+                                   / math.sqrt(q.shape[-1])), "cut off from autograd"),
+    (lambda q, k: torch.from_numpy(np.matmul(q.numpy(), np.swapaxes(k.numpy(), -1, -2)) / math.sqrt(q.shape[-1])),
+     "a detour through NumPy"),
+    (lambda q, k: q @ k.detach().transpose(-2, -1) / math.sqrt(q.shape[-1]), "flow back through them to k"),
+]
+
+
 @pytest.mark.parametrize(("buggy", "fragment"), SCALED_SCORE_BUGS)
 def test_check_scaled_scores_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_scaled_scores(buggy)
     assert fragment in str(err.value)
+    assert_no_solution_in_04(str(err.value))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -635,6 +701,7 @@ ATTENTION_SCALE_BUGS = [
     (_attention_with(after=16 ** -0.5), "as well as before"),
     (_attention_with(naive=True), "exp overflows"),
     (lambda q, k, v: None, "got None"),
+    (lambda q, k, v: _attention_with()(q, k, v).detach(), "cut off from autograd"),
 ]
 
 
