@@ -39,8 +39,8 @@ BUGGY = {
     "02_bahdanau_attention": {
         # tanh missing
         "additive_scores": (
-            "def additive_scores(q_proj, k_proj, v):\n"
-            "    return (q_proj[:, None, :] + k_proj) @ v\n"
+            "def additive_scores(q_proj, k_proj, v_a):\n"
+            "    return (q_proj[:, None, :] + k_proj) @ v_a\n"
         ),
         # padding not masked
         "attend": (
@@ -68,10 +68,12 @@ BUGGY = {
         "spot_the_error": "spot_the_error = {1, 4, 5}\n",
     },
     "04_scaling": {
-        # 0 * log 0 = NaN
+        # right values, but a NaN gradient at the masked keys: torch.where still takes log 0 in the backward pass
+        # (the forward NaN, -(w * log w).sum(-1), is in tests/test_checks.py)
         "attention_entropy": (
             "def attention_entropy(weights):\n"
-            "    return -(weights * torch.log(weights)).sum(dim=-1)\n"
+            "    terms = torch.where(weights > 0, weights * torch.log(weights), torch.zeros_like(weights))\n"
+            "    return -terms.sum(dim=-1)\n"
         ),
         # scaled by the model width H * Dh
         "scaled_scores": (
@@ -127,10 +129,11 @@ BUGGY = {
             "    mean = x.mean(dim=-1, keepdim=True)\n"
             "    return (x - mean) / torch.sqrt(x.var(dim=-1, keepdim=True) + eps) * weight + bias\n"
         ),
-        # pre-LN and post-LN swapped
-        "residual": (
-            "def residual(x, sublayer, norm, norm_first):\n"
-            "    return norm(x + sublayer(x)) if norm_first else x + sublayer(norm(x))\n"
+        # judges by the output's statistics: a post-LN block whose LayerNorm has another gain and shift looks pre-LN
+        "is_pre_ln": (
+            "def is_pre_ln(block, D):\n"
+            "    out = block(torch.randn(2, 5, D))\n"
+            "    return bool(out.mean(-1).abs().max() > 1e-3)\n"
         ),
     },
     "08_attention_at_scale": {
@@ -140,6 +143,35 @@ BUGGY = {
             "    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))\n"
             "    p = torch.exp(scores - m_new)\n"
             "    return m_new, l * torch.exp(m - m_new) + p.sum(dim=-1, keepdim=True), acc + p @ v\n"
+        ),
+    },
+    "09_small_gpt": {
+        # no shift: each position is scored against the token it reads
+        "next_token_loss": (
+            "def next_token_loss(model, tokens):\n"
+            "    logits = model(tokens[:, :-1])\n"
+            "    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, :-1].reshape(-1))\n"
+        ),
+        # top-p drops the token that carries the sum past p (and, for a small p, every token)
+        "filter_logits": (
+            "def filter_logits(logits, top_k=None, top_p=None):\n"
+            "    if top_k is not None:\n"
+            "        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]\n"
+            "        logits = logits.masked_fill(logits < kth, float('-inf'))\n"
+            "    if top_p is not None:\n"
+            "        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)\n"
+            "        drop = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1) > top_p\n"
+            "        logits = logits.masked_fill(drop.scatter(-1, order, drop), float('-inf'))\n"
+            "    return logits\n"
+        ),
+        # the causal mask is not shifted by the cached positions
+        "attend_with_cache": (
+            "def attend_with_cache(q, k, v, cache=None):\n"
+            "    if cache is not None:\n"
+            "        k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)\n"
+            "    mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()\n"
+            "    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)\n"
+            "    return out, (k, v)\n"
         ),
     },
 }

@@ -82,8 +82,10 @@ def test_split_and_merge_are_inverse_and_keep_tokens_apart():
 
 
 def test_indivisible_width_and_bad_inputs_get_clear_messages():
-    with pytest.raises(InputError, match=r"d_model = 10 is not divisible by num_heads = 4.*\[1, 2, 5, 10\]"):
+    with pytest.raises(InputError, match=r"D = d_model = 10 is not divisible by H = num_heads = 4.*\[1, 2, 5, 10\]"):
         MultiHeadAttention(10, 4)
+    with pytest.raises(InputError, match="H = num_heads must be at least 1, got 0"):
+        MultiHeadAttention(8, 0)
     mha = MultiHeadAttention(8, 2)
     with pytest.raises(InputError, match="query must be \\(B, length, D\\) with D = d_model = 8, got shape \\(2, 3, 6\\)"):
         mha(torch.randn(2, 3, 6))
@@ -185,7 +187,7 @@ SPLIT_BUGS = [
     (lambda x, H: x.view(x.shape[0], H, x.shape[1], -1), "view went straight to (B, H, T, Dh)"),
     (lambda x, H: x.view(x.shape[0] * H, x.shape[1], -1), "keep B and H as two dimensions"),
     (lambda x, H: x.view(x.shape[1], x.shape[0] * H, -1), "mixes batch elements and positions"),
-    (lambda x, H: x.view(x.shape[0], x.shape[1], H, -1), "add .transpose(1, 2)"),
+    (lambda x, H: x.view(x.shape[0], x.shape[1], H, -1), "the head axis is still after the token axis"),
     (lambda x, H: x.view(x.shape[0], x.shape[1], -1, H).permute(0, 3, 1, 2), "every H-th feature"),
 ]
 
@@ -199,7 +201,7 @@ def test_check_split_heads_names_the_bug(buggy, fragment):
 
 MERGE_BUGS = [
     (lambda x: x.reshape(x.shape[0], x.shape[2], -1), "without transposing back"),
-    (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), "use .reshape"),
+    (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), "a view cannot reorder memory"),
     (lambda x: x.transpose(1, 2), "not concatenated"),
     (lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1), "interleaved"),
 ]
@@ -255,6 +257,35 @@ def test_check_multi_head_attention_names_the_bug(buggy, fragment):
     assert fragment in str(err.value)
 
 
+# Pieces of the exercises' solution code (notebook 05): a checker names the bug, it never prints these.
+SOLUTION_CODE = ["view(B, T, H", "view(B, length", "transpose(1, 2)", ".reshape(", "permute(", ".contiguous(",
+                 "merge_heads(", "split_heads(", "out_proj("]
+
+
+def _merge_unknown_bug(x):
+    return multihead.merge_heads(x) + 1.0  # no known mistake: the checker's fallback hint
+
+
+def _mha_unknown_bug(*args):
+    out, weights = multihead.multi_head_attention(*args)
+    return out + 1.0, weights
+
+
+@pytest.mark.parametrize(("checker", "buggy"),
+                         [(check_split_heads, bug) for bug, _ in SPLIT_BUGS]
+                         + [(check_split_heads, lambda x, H: x.view(H, -1))]  # raises: the error hint
+                         + [(check_merge_heads, bug) for bug, _ in MERGE_BUGS + [(_merge_unknown_bug, "")]]
+                         + [(check_multi_head_attention, bug) for bug, _ in MHA_BUGS + [(_mha_unknown_bug, "")]])
+def test_multihead_checkers_print_no_solution_code(checker, buggy):
+    with pytest.raises(CheckError) as err:
+        checker(buggy)
+    message = str(err.value)
+    if "\n  likely cause: " in message:  # the learner's function raised: PyTorch's text and the learner's line are theirs
+        message = message.split("\n  likely cause: ", 1)[1]
+    leaked = [code for code in SOLUTION_CODE if code in message]
+    assert not leaked, f"the message prints solution code {leaked}: {message}"
+
+
 def _pe_layout(T, D, layout):
     p = torch.arange(T, dtype=torch.float32)[:, None]
     w = positional.frequencies(D)
@@ -281,6 +312,7 @@ def test_check_sinusoidal_positional_encoding_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_sinusoidal_positional_encoding(buggy)
     assert fragment in str(err.value)
+    assert "::" not in str(err.value) and "torch." not in str(err.value)  # names the bug, prints no solution code
 
 
 def _rotary_halves(x, positions=None):
@@ -308,6 +340,16 @@ def _rotary_angles_in_x_dtype(x, positions=None):
     return out
 
 
+def _rotary_float32_angles_cast_to_x_dtype(x, positions=None):
+    T, D = x.shape[-2:]
+    pos = torch.arange(T) if positions is None else positions
+    a = (pos[:, None].float() * positional.frequencies(D)[None, :]).to(x.dtype)  # float32 angles, rounded to bfloat16
+    out = torch.empty_like(x)
+    out[..., 0::2] = x[..., 0::2] * a.cos() - x[..., 1::2] * a.sin()
+    out[..., 1::2] = x[..., 0::2] * a.sin() + x[..., 1::2] * a.cos()
+    return out
+
+
 ROTARY_BUGS = [
     (lambda x, positions=None: positional.apply_rotary(x, None if positions is None else -positions)
      if positions is not None else positional.apply_rotary(x, -torch.arange(x.shape[-2])), "the wrong way"),
@@ -315,7 +357,8 @@ ROTARY_BUGS = [
     (lambda x, positions=None: positional.apply_rotary(x), "the given positions were ignored"),
     (lambda x, positions=None: x, "the positions were ignored"),
     (_rotary_inplace, "changed x in place"),
-    (_rotary_angles_in_x_dtype, "the angles were computed in x's dtype"),
+    (_rotary_angles_in_x_dtype, "the angles were rounded to bfloat16 (x's dtype) before cos and sin"),
+    (_rotary_float32_angles_cast_to_x_dtype, "the angles were rounded to bfloat16 (x's dtype) before cos and sin"),
 ]
 
 
@@ -324,6 +367,7 @@ def test_check_apply_rotary_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_apply_rotary(buggy)
     assert fragment in str(err.value)
+    assert "::" not in str(err.value) and "x'_" not in str(err.value)  # names the bug, prints no solution formula
 
 
 def test_rotate_half_layout_is_the_interleaved_one_up_to_a_fixed_permutation():

@@ -199,7 +199,9 @@ def test_fit_slope_recovers_a_known_slope():
 
 def test_unscaled_softmax_saturates_and_the_right_key_loses_its_gradient():
     sat = scaling.softmax_saturation([4, 64, 1024], num_queries=128)
+    assert sat.Dks == sat.d_ks == [4, 64, 1024] and sat.S == sat.num_keys == 16  # old names: plot_saturation
     assert sat.entropy["unscaled"][0] > sat.entropy["unscaled"][1] > sat.entropy["unscaled"][2]
+    assert sat.score_gap["unscaled"][-1] > 10 > 0.5 > max(sat.score_gap["scaled"])  # gaps grow like sqrt(Dk) unscaled
     assert sat.max_weight["unscaled"][-1] > 0.9 and max(sat.max_weight["scaled"]) < 0.35
     assert max(sat.entropy["scaled"]) - min(sat.entropy["scaled"]) < 0.1  # scaled: the same at every Dk
     assert sat.grad_norm["unscaled"][-1] < 0.25 * sat.grad_norm["scaled"][-1]  # dL/de shrinks ...
@@ -219,6 +221,24 @@ def test_the_right_keys_score_gradient_is_minus_2_loss_times_its_weight():
     loss = 0.5 * ((w @ v - v[3]) ** 2).sum()  # j* = 3, the loss softmax_saturation uses
     loss.backward()
     torch.testing.assert_close(scores.grad[3], -2 * loss.detach() * w[3].detach())
+
+
+def test_for_any_loss_a_keys_score_gradient_is_its_weight_times_a_bracket():
+    """dL/de_j = w_j (g·v_j - g·z) with g = dL/dz, e.g. for a cross-entropy, where -2 L w_j does not hold."""
+    g = torch.Generator().manual_seed(1)
+    k = torch.randn(8, 32, dtype=torch.float64, generator=g)
+    q = torch.randn(32, dtype=torch.float64, generator=g)
+    v = torch.randn(8, 5, dtype=torch.float64, generator=g)
+    classifier = torch.randn(7, 5, dtype=torch.float64, generator=g)
+    scores = (k @ q / 32**0.5).requires_grad_(True)  # (S,)
+    w = torch.softmax(scores, dim=-1)
+    out = w @ v  # (Dv,)
+    out.retain_grad()
+    loss = torch.nn.functional.cross_entropy((classifier @ out)[None], torch.tensor([2]))
+    loss.backward()
+    bracket = out.grad @ v.T - out.grad @ out.detach()  # (S,): g·v_j - g·z
+    torch.testing.assert_close(scores.grad, w.detach() * bracket, rtol=1e-12, atol=0.0)
+    assert not torch.allclose(scores.grad[3], -2 * loss.detach() * w[3].detach(), rtol=0.1)
 
 
 def test_self_attention_diagonal_mean_grows_with_the_correlation_of_the_projections():

@@ -51,11 +51,11 @@ def test_concat_equals_additive_when_weight_is_split():
         additive.W_q.weight.copy_(concat.W.weight[:, :dq])  # first block multiplies the query
         additive.W_k.weight.copy_(concat.W.weight[:, dq:])  # second block multiplies the key
         additive.W_k.bias.copy_(concat.W.bias)
-        additive.v.copy_(concat.v)
+        additive.v_a.copy_(concat.v_a)
     query, keys = torch.randn(3, dq), torch.randn(3, 4, dk)
     torch.testing.assert_close(concat(query, keys), additive(query, keys))
     with torch.no_grad():
-        additive.v.add_(0.1)
+        additive.v_a.add_(0.1)
     assert not torch.allclose(concat(query, keys), additive(query, keys))
 
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from course_utils.blocks import masks, transformer
 from course_utils.experiments import deep_stacks
-from course_utils.checks import CheckError, check_layer_norm, check_residual
+from course_utils.checks import CheckError, check_is_pre_ln, check_layer_norm
 from course_utils.core.errors import InputError
 from course_utils.blocks.seq2seq import Seq2SeqConfig, build_seq2seq
 from course_utils.blocks.transformer import TransformerDecoderBlock, TransformerEncoderBlock
@@ -121,8 +121,9 @@ def test_transformer_seq2seq_shapes_greedy_decoding_and_padding():
 def test_checkers_accept_the_reference(seed, capsys):
     check_layer_norm(transformer.layer_norm, seed=seed)
     check_layer_norm(lambda x, w, b, eps=1e-5: nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps), seed=seed)
-    check_residual(transformer.residual, seed=seed)
-    assert capsys.readouterr().out.count("all checks passed") == 3
+    check_is_pre_ln(transformer.is_pre_ln, seed=seed)
+    check_is_pre_ln(transformer.is_pre_ln, seed=seed, D=8)
+    assert capsys.readouterr().out.count("all checks passed") == 4
 
 
 def _normalise(x, dim=-1, unbiased=False, eps_inside=True):
@@ -133,13 +134,27 @@ def _normalise(x, dim=-1, unbiased=False, eps_inside=True):
 
 LAYER_NORM_BUGS = [
     (lambda x, w, b, eps=1e-5: _normalise(x, unbiased=True) * w + b, "divided by D - 1"),
-    (lambda x, w, b, eps=1e-5: _normalise(x, eps_inside=False) * w + b, "inside the square root"),
+    (lambda x, w, b, eps=1e-5: _normalise(x, eps_inside=False) * w + b, "added to the standard deviation"),
     (lambda x, w, b, eps=1e-5: _normalise(x, dim=-2) * w + b, "over the tokens"),
     (lambda x, w, b, eps=1e-5: _normalise(x), "are missing"),
     (lambda x, w, b, eps=1e-5: _normalise(x) * b + w, "swapped"),
     (lambda x, w, b, eps=1e-5: _normalise(x) + b, "the weight (gamma) is missing"),
+    (lambda x, w, b, eps=1e-5: _normalise(x) * w, "the bias (beta) is missing"),
+    (lambda x, w, b, eps=1e-5: _normalise(x) * w - b, "the bias (beta) is subtracted"),
+    (lambda x, w, b, eps=1e-5: (x - x.mean(-1, keepdim=True)) * w + b, "the mean, the variance, eps"),  # not divided
     (lambda x, w, b: _normalise(x) * w + b, "layer_norm raised TypeError"),
 ]
+
+# Solution code that a message must not print (the checkers name the bug, never the answer).
+ANSWER_CODE = ("sqrt(", "unbiased=False", "keepdim", "* weight", "+ bias", "x + sublayer", "norm(x", "1000", ".norm()",
+               "x.var(", "dim=-1")
+
+
+def assert_no_answer_in(message):
+    if "raised" in message:  # the message then quotes the learner's own line
+        return
+    for code in ANSWER_CODE:
+        assert code not in message, f"{code!r} in {message!r}"
 
 
 @pytest.mark.parametrize(("buggy", "fragment"), LAYER_NORM_BUGS)
@@ -147,30 +162,61 @@ def test_check_layer_norm_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_layer_norm(buggy)
     assert fragment in str(err.value)
+    assert_no_answer_in(str(err.value))
 
 
-def _residual_inplace(x, sublayer, norm, norm_first):
-    x += 0.0
-    x[0, 0, 0] += 1.0
-    return transformer.residual(x, sublayer, norm, norm_first)
+def _by_statistics(block, D):  # right only while the LayerNorm has gain 1 and shift 0
+    out = block(torch.randn(2, 5, D))
+    return bool(out.mean(-1).abs().max() > 1e-3)
 
 
-RESIDUAL_BUGS = [
-    (lambda x, s, n, nf: x + s(n(x)), "this is pre-LN"),
-    (lambda x, s, n, nf: n(x + s(x)), "this is post-LN"),
-    (lambda x, s, n, nf: torch.cat([x, s(x)], dim=-1), "they do not concatenate"),
-    (lambda x, s, n, nf: s(n(x)) if nf else n(s(x)), "the residual connection is missing"),
-    (lambda x, s, n, nf: n(x) + s(n(x)) if nf else n(x + s(x)), "the residual path was normalised too"),
-    (lambda x, s, n, nf: x + n(s(x)) if nf else n(x + s(x)), "applied to the sublayer's output"),
-    (_residual_inplace, "changed x in place"),
+def _reads_attributes(block, D):
+    return block.norm_first
+
+
+def _doubling(block, D):  # a test that also works: twice the input, about twice the output only for pre-LN
+    x = torch.randn(2, 5, D)
+    with torch.no_grad():
+        return bool(block(2 * x).norm() > 1.5 * block(x).norm())
+
+
+IS_PRE_LN_BUGS = [
+    (_by_statistics, "need not have mean 0 and variance 1"),
+    (lambda block, D: True, "returned True for every block"),
+    (lambda block, D: False, "returned False for every block"),
+    (lambda block, D: not transformer.is_pre_ln(block, D), "the wrong way round"),
+    (lambda block, D: block(torch.randn(2, 5, D)).norm().item(), "returned a float"),
+    (_reads_attributes, "no attributes to read"),
 ]
 
 
-@pytest.mark.parametrize(("buggy", "fragment"), RESIDUAL_BUGS)
-def test_check_residual_names_the_bug(buggy, fragment):
+@pytest.mark.parametrize(("buggy", "fragment"), IS_PRE_LN_BUGS)
+def test_check_is_pre_ln_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
-        check_residual(buggy)
+        check_is_pre_ln(buggy)
     assert fragment in str(err.value)
+    assert_no_answer_in(str(err.value))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_check_is_pre_ln_accepts_other_right_answers_and_keeps_the_random_state(seed, capsys):
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    check_is_pre_ln(_doubling, seed=seed)
+    check_is_pre_ln(lambda block, D: torch.tensor(transformer.is_pre_ln(block, D)), seed=seed)  # a bool tensor is fine
+    assert capsys.readouterr().out.count("all checks passed") == 2
+    torch.manual_seed(123)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_is_pre_ln_tells_the_placements_apart_for_pytorch_layers(norm_first):
+    torch.manual_seed(7)
+    encoder = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=norm_first).eval()
+    decoder = nn.TransformerDecoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=norm_first).eval()
+    memory = torch.randn(2, 9, 32)
+    assert transformer.is_pre_ln(lambda x: encoder(x), 32) is norm_first
+    assert transformer.is_pre_ln(lambda x: decoder(x, memory), 32) is norm_first
 
 
 def test_gradients_fade_without_residuals_and_pre_ln_reaches_the_first_block():
@@ -236,3 +282,8 @@ def test_train_reversal_stack_is_deterministic_and_reports_every_step():
     assert first == again and len(first.losses) == 6 and 0.0 <= first.accuracy <= 1.0
     pre = deep_stacks.train_reversal_stack(True, dataclasses.replace(tiny, warmup_steps=0), seed=1)
     assert pre.losses != first.losses
+    # measuring on the way does not change the run: the first 4 of 6 steps are the run of 4 steps
+    measured = deep_stacks.train_reversal_stack(False, tiny, seed=1, eval_at=(4, 99))
+    shorter = deep_stacks.train_reversal_stack(False, dataclasses.replace(tiny, steps=4), seed=1)
+    assert measured.losses == first.losses and measured.accuracy == first.accuracy
+    assert list(measured.accuracy_at) == [4] and measured.accuracy_at[4] == shorter.accuracy

@@ -1,10 +1,13 @@
 """Multi-head attention, Vaswani et al. 2017, §3.2.2 (notebook 05).
 
 H heads of width Dh = D / H each attend with their own slice of the
-projections; their outputs are concatenated and mixed by ``out_proj``:
+projections; their outputs are concatenated and mixed by ``out_proj``. With
+heads counted from 0, as everywhere in the course:
 
-    MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_O,
+    MultiHead(Q, K, V) = Concat(head_0, ..., head_{H-1}) W_O,
     head_h = Attention(Q W_Q^h, K W_K^h, V W_V^h).
+
+(Vaswani et al. count the heads from 1 and write h for their number.)
 
 Masks are boolean, True = may attend, as everywhere in the course.
 ``torch.nn.MultiheadAttention`` uses the opposite convention for its
@@ -98,9 +101,10 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, bias: bool = True, rotary: bool = False) -> None:
         super().__init__()
         if num_heads < 1 or d_model % num_heads != 0:
+            reason = (f"H = num_heads must be at least 1, got {num_heads}" if num_heads < 1 else
+                      f"D = d_model = {d_model} is not divisible by H = num_heads = {num_heads}")
             raise InputError(
-                f"d_model = {d_model} is not divisible by num_heads = {num_heads}: every head needs the same "
-                f"width Dh = d_model / num_heads. Choose e.g. num_heads in "
+                f"{reason}: every head needs the same width Dh = D / H. Choose e.g. num_heads in "
                 f"{[h for h in range(1, min(d_model, 16) + 1) if d_model % h == 0]}"
             )
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
@@ -203,10 +207,13 @@ class RotaryProjection(nn.Module):
 
 @contextlib.contextmanager
 def ablate_head(module: MultiHeadAttention, head: int) -> Iterator[None]:
-    """Temporarily remove one head's contribution (zero its columns of ``out_proj``).
+    """Temporarily remove one head's contribution (zero its columns of ``out_proj.weight``).
 
-    Column block h of W_O reads exactly head h's output, so zeroing it is the
-    same as zeroing that head; the weights are restored on exit.
+    In the course's convention z = [z^0, ..., z^{H-1}] W_O, head h's output is
+    multiplied by rows h*Dh ... (h+1)*Dh - 1 of W_O, and nothing else is.
+    ``out_proj.weight`` stores W_O^T (as every ``nn.Linear`` does), so those rows
+    are its columns h*Dh ... (h+1)*Dh - 1. Zeroing them is the same as zeroing
+    that head's output; the weights are restored on exit.
     """
     if not 0 <= head < module.num_heads:
         raise InputError(f"head must be in 0 .. {module.num_heads - 1}, got {head}")
@@ -222,11 +229,14 @@ def ablate_head(module: MultiHeadAttention, head: int) -> Iterator[None]:
 
 
 def attention_cost(T: int, S: int, d_model: int, num_heads: int) -> dict[str, int]:
-    """Parameters and multiply-adds of one multi-head attention layer (with biases), counted for one sequence.
+    """Parameters and multiply-adds of the matrix products of one multi-head attention layer, for one sequence.
 
-    A batch of B sequences costs B times the multiply-adds. What does grow with H
-    is not counted here: the H * T * S scores per sequence, each scaled, masked,
-    exponentiated, normalised and stored in the (B, H, T, S) weights.
+    The parameters include the biases; the multiply-adds are those of the matrix
+    products only (what ``torch.utils.flop_counter.FlopCounterMode`` counts, at
+    2 FLOPs each; notebook 05 checks the two agree). A batch of B sequences
+    costs B times as much. What does grow with H is not counted here: the
+    H * T * S scores per sequence, each scaled, masked, exponentiated,
+    normalised and stored in the (B, H, T, S) weights.
 
     Returns:
         ``{"parameters", "projections", "scores", "weighted_sum", "total"}``: the
@@ -235,7 +245,7 @@ def attention_cost(T: int, S: int, d_model: int, num_heads: int) -> dict[str, in
         the values (H*T*S*Dh). None of them depends on H, since H * Dh = D.
     """
     if d_model % num_heads != 0:
-        raise InputError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        raise InputError(f"D = d_model = {d_model} is not divisible by H = num_heads = {num_heads}")
     Dh = d_model // num_heads
     projections = 2 * T * d_model * d_model + 2 * S * d_model * d_model
     scores = num_heads * T * S * Dh

@@ -67,27 +67,28 @@ def sinusoidal_positional_encoding(T: int, D: int) -> torch.Tensor:
     return pe
 
 
-def shift_matrix(k: int, D: int, base: float = 10000.0) -> torch.Tensor:
-    """The fixed linear map M with PE[p + k] = PE[p] @ M for every position p (notebook 06).
+def shift_matrix(offset: int, D: int, base: float = 10000.0) -> torch.Tensor:
+    """The fixed linear map M_Delta with PE[p + Delta] = PE[p] @ M_Delta for every position p (notebook 06).
 
-    Block-diagonal: the 2x2 block of pair m is [[cos k theta_m, -sin k theta_m], [sin k theta_m, cos k theta_m]],
-    a rotation by the angle k theta_m. It depends on the offset k, not on p.
+    Block-diagonal: the 2x2 block of pair m is [[cos Delta theta_m, -sin Delta theta_m],
+    [sin Delta theta_m, cos Delta theta_m]], a rotation by the angle Delta theta_m, where
+    Delta = ``offset``. It depends on the offset, not on p.
 
     Returns:
         (D, D) float32.
     """
-    validate_positions(max(k, 0) + 1, D)
-    angles = k * frequencies(D, base)  # (D/2,)
+    validate_positions(max(offset, 0) + 1, D)
+    angles = offset * frequencies(D, base)  # (D/2,)
     M = torch.zeros(D, D)
-    M[0::2, 0::2] = torch.diag(torch.cos(angles))  # sin part keeps cos(k theta) of itself
-    M[1::2, 0::2] = torch.diag(torch.sin(angles))  # ... and takes sin(k theta) of the cos part
+    M[0::2, 0::2] = torch.diag(torch.cos(angles))  # sin part keeps cos(Delta theta) of itself
+    M[1::2, 0::2] = torch.diag(torch.sin(angles))  # ... and takes sin(Delta theta) of the cos part
     M[0::2, 1::2] = torch.diag(-torch.sin(angles))
     M[1::2, 1::2] = torch.diag(torch.cos(angles))
     return M
 
 
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """Rotary position embedding (RoPE): rotate pair (2m, 2m+1) at position p by p theta_m (notebook 06, exercise 2).
+    """RoPE: rotate pair (2m, 2m+1) of the row at position p by the angle p theta_m (notebook 06, exercise 2).
 
     Su et al. 2021 (the paper's interleaved pairs). Applied to queries and keys,
     it makes the score of query i and key j depend on the positions only
@@ -96,23 +97,23 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torc
     sin are then cast to x's dtype.
 
     Args:
-        x: (..., T, D) float, D even (queries or keys; per head: D = Dk = Dh).
-        positions: (T,) int64 positions of the T tokens; None = 0 .. T - 1.
+        x: (..., T, Dk) float, Dk even: queries or keys of one head (Dk = Dh).
+        positions: (T,) int64 positions of the T rows of x; None = 0 .. T - 1.
 
     Returns:
-        (..., T, D), the rotated x, in x's dtype.
+        (..., T, Dk), the rotated x, in x's dtype.
 
     Raises:
-        InputError: If D is odd or ``positions`` does not have T entries.
+        InputError: If Dk is odd or ``positions`` does not have T entries.
     """
-    T, D = x.shape[-2], x.shape[-1]
-    validate_positions(T, D)
+    T, Dk = x.shape[-2], x.shape[-1]
+    validate_positions(T, Dk)
     positions = torch.arange(T) if positions is None else positions
     if positions.shape != (T,):
         raise InputError(f"positions must have shape (T,) = ({T},), got {tuple(positions.shape)}")
-    angles = positions[:, None].float() * frequencies(D)[None, :]  # (T, 1) * (1, D/2) -> (T, D/2), float32
-    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)  # (T, D/2) each, in x's dtype
-    even, odd = x[..., 0::2], x[..., 1::2]  # (..., T, D/2) each
+    angles = positions[:, None].float() * frequencies(Dk)[None, :]  # (T, 1) * (1, Dk/2) -> (T, Dk/2), float32
+    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)  # (T, Dk/2) each, in x's dtype
+    even, odd = x[..., 0::2], x[..., 1::2]  # (..., T, Dk/2) each
     out = torch.empty_like(x)
     out[..., 0::2] = even * cos - odd * sin  # rotate each pair (even, odd) by its angle
     out[..., 1::2] = even * sin + odd * cos

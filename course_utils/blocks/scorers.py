@@ -2,8 +2,10 @@
 
 Bahdanau's additive score, Luong's concat, dot and "general" (bilinear)
 scores, and :func:`attend`, which turns scores into weights and a context.
-Shapes: ``B`` batch, ``S`` source length, ``Dq`` query width, ``Dk`` key
-width, ``A`` attention size. Masks are boolean, True = may attend.
+Shapes: ``B`` batch, ``S`` source length, ``R`` query width (the decoder
+state), ``Dk`` key width (the encoder states, which are also the values),
+``A`` attention size. The scoring vector is ``v_a`` (Bahdanau's name), not
+``v``, which the course keeps for values. Masks are boolean, True = may attend.
 """
 
 from __future__ import annotations
@@ -18,44 +20,48 @@ from course_utils.blocks.attention import masked_softmax  # True = may attend; f
 ScoreKind = Literal["additive", "concat", "dot", "bilinear"]
 
 
-def additive_scores(q_proj: torch.Tensor, k_proj: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Bahdanau's additive scores ``e_j = v^T tanh(W_q s + W_k h_j + b)`` (notebook 02, exercise 1).
+def additive_scores(q_proj: torch.Tensor, k_proj: torch.Tensor, v_a: torch.Tensor) -> torch.Tensor:
+    """Bahdanau's additive scores ``e_j = v_a^T tanh(W_q s + W_k h_j + b)`` (notebook 02, exercise 1).
 
-    The projections are applied by the caller (``W_k h`` once per sequence);
-    this is the part that compares one query with every source position.
+    The projections are applied by the caller (``W_k h_j + b`` once per
+    sequence); this is the part that compares one query with every source
+    position.
 
     Args:
         q_proj: ``W_q s``, the projected query, ``(B, A)`` float.
-        k_proj: ``W_k h_j`` for every source position, ``(B, S, A)`` float.
-        v: The scoring vector, ``(A,)`` float.
+        k_proj: ``W_k h_j + b`` for every source position, ``(B, S, A)`` float.
+        v_a: The scoring vector, ``(A,)`` float.
 
     Returns:
         Scores ``(B, S)`` float.
     """
     hidden = torch.tanh(q_proj[:, None, :] + k_proj)  # (B, 1, A) + (B, S, A) -> (B, S, A)
-    return hidden @ v  # (B, S, A) @ (A,) -> (B, S)
+    return hidden @ v_a  # (B, S, A) @ (A,) -> (B, S)
 
 
 def bilinear_scores(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """Luong's "general" scores ``e_j = s^T W h_j`` (notebook 02, exercise 3).
 
     Args:
-        query: ``s``, ``(B, Dq)`` float.
+        query: ``s``, ``(B, R)`` float.
         keys: ``h_j`` for every source position, ``(B, S, Dk)`` float.
-        W: ``(Dq, Dk)`` float.
+        W: ``(R, Dk)`` float.
 
     Returns:
         Scores ``(B, S)`` float.
     """
-    q_w = query @ W  # (B, Dq) @ (Dq, Dk) -> (B, Dk)
+    q_w = query @ W  # (B, R) @ (R, Dk) -> (B, Dk)
     return (keys @ q_w[:, :, None])[:, :, 0]  # (B, S, Dk) @ (B, Dk, 1) -> (B, S, 1) -> (B, S)
 
 
 class AdditiveScore(nn.Module):
-    """Bahdanau's additive score ``v^T tanh(W_q q + W_k k_j + b)`` (``b`` is the bias of ``W_k``).
+    """Bahdanau's additive score ``v_a^T tanh(W_q q + W_k k_j + b)`` (``b`` is the bias of ``W_k``).
+
+    Bahdanau et al. (2014, App. A.1.2) write ``v_a^T tanh(W_a s_{i-1} + U_a h_j)``,
+    without ``b``; here ``W_q = W_a`` and ``W_k = U_a``.
 
     Args:
-        query_size: ``Dq``.
+        query_size: ``R``.
         key_size: ``Dk``.
         attn_size: ``A``, width of the hidden layer.
     """
@@ -64,21 +70,21 @@ class AdditiveScore(nn.Module):
         super().__init__()
         self.W_q = nn.Linear(query_size, attn_size, bias=False)
         self.W_k = nn.Linear(key_size, attn_size, bias=True)
-        self.v = nn.Parameter(torch.empty(attn_size).uniform_(-(attn_size**-0.5), attn_size**-0.5))  # (A,)
+        self.v_a = nn.Parameter(torch.empty(attn_size).uniform_(-(attn_size**-0.5), attn_size**-0.5))  # (A,)
 
     def precompute(self, keys: torch.Tensor) -> torch.Tensor:
-        """``W_k k`` for all positions; it does not depend on the query, so a decoder computes it once."""
+        """``W_k h_j + b`` for all positions; it does not depend on the query, so a decoder computes it once."""
         return self.W_k(keys)  # (B, S, Dk) -> (B, S, A)
 
     def score(self, query: torch.Tensor, projected_keys: torch.Tensor) -> torch.Tensor:
         """Scores from a query and the output of :meth:`precompute`, ``(B, S)``."""
-        return additive_scores(self.W_q(query), projected_keys, self.v)  # (B, Dq) -> (B, A); -> (B, S)
+        return additive_scores(self.W_q(query), projected_keys, self.v_a)  # (B, R) -> (B, A); -> (B, S)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Unnormalised scores.
 
         Args:
-            query: ``(B, Dq)``, e.g. the previous decoder state.
+            query: ``(B, R)``, e.g. the previous decoder state.
             keys: ``(B, S, Dk)``, e.g. the encoder states.
             mask: ``(B, S)`` bool, True = may attend. Unused here (the scores
                 of masked positions are removed by :func:`attend`, with
@@ -92,18 +98,19 @@ class AdditiveScore(nn.Module):
 
 
 class ConcatScore(nn.Module):
-    """The "concat" score ``v^T tanh(W [q; k_j] + b)`` (Luong et al. 2015).
+    """The "concat" score ``v_a^T tanh(W [q; k_j] + b)`` (Luong et al. 2015, eq. 8, there without ``b``).
 
     Writing ``W = [W_q  W_k]`` in two column blocks gives
     ``W [q; k] + b = W_q q + W_k k + b``: this *is* the additive score. The code
     below builds the concatenation literally (broadcasting the query over the
-    source positions), which costs more than :class:`AdditiveScore`.
+    source positions), so it multiplies every key by ``W_k`` again at every
+    decoder step, which :class:`AdditiveScore` does once (notebook 02 counts it).
     """
 
     def __init__(self, query_size: int, key_size: int, attn_size: int):
         super().__init__()
         self.W = nn.Linear(query_size + key_size, attn_size, bias=True)
-        self.v = nn.Parameter(torch.empty(attn_size).uniform_(-(attn_size**-0.5), attn_size**-0.5))  # (A,)
+        self.v_a = nn.Parameter(torch.empty(attn_size).uniform_(-(attn_size**-0.5), attn_size**-0.5))  # (A,)
 
     def precompute(self, keys: torch.Tensor) -> torch.Tensor:
         """Nothing to precompute: the keys are returned unchanged."""
@@ -111,17 +118,17 @@ class ConcatScore(nn.Module):
 
     def score(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Scores ``(B, S)``."""
-        q = query.unsqueeze(1).expand(-1, keys.shape[1], -1)  # (B, Dq) -> (B, S, Dq)
-        both = torch.cat([q, keys], dim=-1)  # (B, S, Dq) ++ (B, S, Dk) -> (B, S, Dq + Dk)
-        return torch.tanh(self.W(both)) @ self.v  # (B, S, Dq+Dk) -> (B, S, A) -> (B, S)
+        q = query.unsqueeze(1).expand(-1, keys.shape[1], -1)  # (B, R) -> (B, S, R)
+        both = torch.cat([q, keys], dim=-1)  # (B, S, R) ++ (B, S, Dk) -> (B, S, R + Dk)
+        return torch.tanh(self.W(both)) @ self.v_a  # (B, S, R+Dk) -> (B, S, A) -> (B, S)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Scores ``(B, S)`` for query ``(B, Dq)`` and keys ``(B, S, Dk)``; see :class:`AdditiveScore`."""
+        """Scores ``(B, S)`` for query ``(B, R)`` and keys ``(B, S, Dk)``; see :class:`AdditiveScore`."""
         return self.score(query, keys)
 
 
 class DotScore(nn.Module):
-    """The dot-product score ``q^T k_j`` (no parameters; needs ``Dq == Dk``)."""
+    """The dot-product score ``q^T k_j`` (no parameters; needs ``R == Dk``)."""
 
     def precompute(self, keys: torch.Tensor) -> torch.Tensor:
         """Nothing to precompute: the keys are returned unchanged."""
@@ -139,12 +146,17 @@ class DotScore(nn.Module):
 
 
 class BilinearScore(nn.Module):
-    """Luong's "general" score ``q^T W k_j`` (works for ``Dq != Dk``)."""
+    """Luong's "general" score ``q^T W k_j`` (works for ``R != Dk``).
+
+    As written, every step maps the query through ``W``; ``W k_j`` could
+    instead be computed once per sequence, like ``W_k h_j + b`` in
+    :class:`AdditiveScore` (notebook 02 counts both).
+    """
 
     def __init__(self, query_size: int, key_size: int):
         super().__init__()
         bound = key_size**-0.5
-        self.W = nn.Parameter(torch.empty(query_size, key_size).uniform_(-bound, bound))  # (Dq, Dk)
+        self.W = nn.Parameter(torch.empty(query_size, key_size).uniform_(-bound, bound))  # (R, Dk)
 
     def precompute(self, keys: torch.Tensor) -> torch.Tensor:
         """Nothing to precompute: the keys are returned unchanged."""
@@ -155,7 +167,7 @@ class BilinearScore(nn.Module):
         return bilinear_scores(query, keys, self.W)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Scores ``(B, S)`` for query ``(B, Dq)`` and keys ``(B, S, Dk)``; see :class:`AdditiveScore`."""
+        """Scores ``(B, S)`` for query ``(B, R)`` and keys ``(B, S, Dk)``; see :class:`AdditiveScore`."""
         return self.score(query, keys)
 
 
@@ -179,17 +191,17 @@ def attend(
 
     Args:
         scores: ``(B, S)`` unnormalised scores.
-        values: ``(B, S, Dv)`` vectors to average (here: the encoder states).
+        values: ``(B, S, Dk)`` vectors to average (here the encoder states ``h_j``).
         mask: ``(B, S)`` bool, True = may attend; ``None`` = attend everywhere.
 
     Returns:
-        ``context`` ``(B, Dv)`` = sum_j weights_j * values_j, and ``weights``
+        ``context`` ``(B, Dk)`` = sum_j weights_j * values_j, and ``weights``
         ``(B, S)``.
     """
     if mask is None:
         mask = torch.ones_like(scores, dtype=torch.bool)
     weights = masked_softmax(scores, mask)  # (B, S); exactly 0 at masked positions
-    context = torch.bmm(weights.unsqueeze(1), values).squeeze(1)  # (B, 1, S) @ (B, S, Dv) -> (B, 1, Dv) -> (B, Dv)
+    context = torch.bmm(weights.unsqueeze(1), values).squeeze(1)  # (B, 1, S) @ (B, S, Dk) -> (B, 1, Dk) -> (B, Dk)
     return context, weights
 
 

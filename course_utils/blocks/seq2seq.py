@@ -12,10 +12,11 @@ decoder GRU at every step:
   encoder state (the score functions are in :mod:`course_utils.blocks.scorers`).
 
 Dimension letters in shape comments: ``B`` batch, ``S`` source length,
-``T`` target length, ``R`` GRU state size (per direction), ``D`` a width
-(``Dq`` query, ``Dk`` key, ``Dv`` value, ``A`` attention size), ``E`` embedding
-size, ``V`` vocabulary size. Masks are boolean, ``True`` = a real token that
-may be attended to.
+``T`` target length, ``R`` GRU state size (per direction), ``D`` token
+embedding size (features per token), ``Dq`` / ``Dk`` / ``Dv`` query, key and
+value widths, ``A`` attention size, ``V`` vocabulary size. (The comments of
+:class:`AttentionDecoder` write ``embed_size`` for ``D``, as notebook 02 does.) Masks are boolean,
+``True`` = a real token that may be attended to.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Seq2SeqConfig:
     n_train: int = 12_000  # training pairs (reshuffled each epoch; 300 x 64 = 1.6 epochs)
     n_test_per_length: int = 100  # reversal: test pairs per source length; dates: n_test_per_length * 10 pairs
     # --- model ---
-    embed_size: int = 32  # E: token embedding size (encoder and decoder)
+    embed_size: int = 32  # D in notebooks 01-02: token embedding size (encoder and decoder)
     hidden_size: int = 64  # R: GRU state size (per direction in the encoder; the decoder's state has R)
     bidirectional: bool = True  # encoder reads the source both ways, states are 2R wide (else R)
     score: ScoreKind = "additive"  # attention score function (attention decoder only)
@@ -107,7 +108,7 @@ class Encoder(nn.Module):
 
     Args:
         vocab_size: Source vocabulary size ``V``.
-        embed_size: Embedding size ``E``.
+        embed_size: Embedding size ``D``.
         hidden_size: GRU state size ``R`` per direction.
         bidirectional: Run a second GRU right-to-left and concatenate.
     """
@@ -131,7 +132,7 @@ class Encoder(nn.Module):
             the last real token concatenated with the right-to-left GRU's
             state at position 0 (``R`` instead of ``2R`` if one-directional).
         """
-        emb = self.embedding(src)  # (B, S) -> (B, S, E)
+        emb = self.embedding(src)  # (B, S) -> (B, S, D)
         packed = pack_padded_sequence(emb, src_lengths.cpu(), batch_first=True, enforce_sorted=False)
         packed_states, last = self.gru(packed)  # last: (directions, B, R), each direction's final state
         states, _ = pad_packed_sequence(packed_states, batch_first=True, total_length=src.shape[1])  # (B, S, 2R)
@@ -157,7 +158,7 @@ class PlainDecoder(nn.Module):
 
     Args:
         vocab_size: Target vocabulary size ``V``.
-        embed_size: ``E``.
+        embed_size: ``D``.
         hidden_size: Decoder state size ``R``.
         context_size: Width of ``c``: ``2R`` after a bidirectional encoder, ``R`` after a one-directional one.
     """
@@ -188,10 +189,10 @@ class PlainDecoder(nn.Module):
         """
         if state is None:
             state = self.initial_state(context)  # s_{-1}: (B, R)
-        emb = self.embedding(tgt_in)  # (B, T) -> (B, T, E)
+        emb = self.embedding(tgt_in)  # (B, T) -> (B, T, D)
         repeated = context.unsqueeze(1).expand(-1, tgt_in.shape[1], -1)  # (B, 2R) -> (B, T, 2R): c at every step
-        states, last = self.gru(torch.cat([emb, repeated], dim=-1), state.unsqueeze(0))  # (B, T, E+2R) -> (B, T, R)
-        logits = self.out(torch.cat([states, repeated, emb], dim=-1))  # (B, T, R+2R+E) -> (B, T, V)
+        states, last = self.gru(torch.cat([emb, repeated], dim=-1), state.unsqueeze(0))  # (B, T, D+2R) -> (B, T, R)
+        logits = self.out(torch.cat([states, repeated, emb], dim=-1))  # (B, T, R+2R+D) -> (B, T, V)
         return logits, last.squeeze(0)  # (1, B, R) -> (B, R)
 
     def step(
@@ -263,7 +264,7 @@ class AttentionDecoder(nn.Module):
 
     Args:
         vocab_size: Target vocabulary size ``V``.
-        embed_size: ``E``.
+        embed_size: Width of the token embeddings.
         hidden_size: Decoder GRU size ``R``.
         context_size: Width ``Dk`` of the encoder states.
         scorer: A score module (e.g. :class:`AdditiveScore`) with
@@ -287,7 +288,7 @@ class AttentionDecoder(nn.Module):
         y_prev: torch.Tensor,
         state: torch.Tensor,
         enc_states: torch.Tensor,
-        keys: torch.Tensor,
+        projected_keys: torch.Tensor,
         mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One decoding step.
@@ -295,19 +296,19 @@ class AttentionDecoder(nn.Module):
         Args:
             y_prev: Previous tokens ``(B,)``.
             state: ``s_{i-1}``, ``(B, R)``: the query, taken before the update.
-            enc_states: Encoder states (the values), ``(B, S, Dk)``.
-            keys: ``scorer.precompute(enc_states)``.
+            enc_states: Encoder states ``h_j`` (the keys and the values), ``(B, S, Dk)``.
+            projected_keys: ``scorer.precompute(enc_states)``, e.g. ``W_k h_j + b`` ``(B, S, A)``.
             mask: ``(B, S)`` bool, True on real source tokens.
 
         Returns:
             ``state`` ``s_i`` ``(B, R)``, ``context`` ``c_i`` ``(B, Dk)``,
-            ``emb`` ``(B, E)`` and ``weights`` ``(B, S)``. (The output layer
-            is applied outside, to all steps at once.)
+            ``emb`` ``(B, embed_size)`` and ``weights`` ``(B, S)``. (The output
+            layer is applied outside, to all steps at once.)
         """
-        scores = self.scorer.score(state, keys)  # query s_{i-1} (B, R), keys (B, S, .) -> (B, S)
+        scores = self.scorer.score(state, projected_keys)  # query s_{i-1} (B, R), keys (B, S, A) -> (B, S)
         context, weights = attend(scores, enc_states, mask)  # (B, Dk), (B, S)
-        emb = self.embedding(y_prev)  # (B,) -> (B, E)
-        state = self.cell(torch.cat([emb, context], dim=-1), state)  # (B, E+Dk), (B, R) -> s_i (B, R)
+        emb = self.embedding(y_prev)  # (B,) -> (B, embed_size)
+        state = self.cell(torch.cat([emb, context], dim=-1), state)  # (B, embed_size + Dk), (B, R) -> s_i (B, R)
         return state, context, emb, weights
 
     def forward(
@@ -316,7 +317,7 @@ class AttentionDecoder(nn.Module):
         """Teacher-forced decoding of a whole target.
 
         Args:
-            tgt_in: Decoder inputs ``<sos> y_1 ...``, ``(B, T)``.
+            tgt_in: Decoder inputs ``<sos> y_0 ... y_{T-2}``, ``(B, T)``.
             enc_states: ``(B, S, Dk)``.
             enc_final: ``(B, Dk)``.
             mask: ``(B, S)`` bool, True on real source tokens.
@@ -325,13 +326,13 @@ class AttentionDecoder(nn.Module):
             ``logits`` ``(B, T, V)`` and attention ``weights`` ``(B, T, S)``.
         """
         state = self.initial_state(enc_final)  # s_{-1} (B, R)
-        keys = self.scorer.precompute(enc_states)  # once per sequence, e.g. (B, S, Dk) -> (B, S, A)
+        projected_keys = self.scorer.precompute(enc_states)  # once per sequence, e.g. (B, S, Dk) -> (B, S, A)
         outs, all_weights = [], []
         for i in range(tgt_in.shape[1]):
-            state, context, emb, weights = self.step(tgt_in[:, i], state, enc_states, keys, mask)
-            outs.append(torch.cat([state, context, emb], dim=-1))  # (B, R+Dk+E)
+            state, context, emb, weights = self.step(tgt_in[:, i], state, enc_states, projected_keys, mask)
+            outs.append(torch.cat([state, context, emb], dim=-1))  # (B, R + Dk + embed_size)
             all_weights.append(weights)
-        logits = self.out(torch.stack(outs, dim=1))  # T x (B, R+Dk+E) -> (B, T, R+Dk+E) -> (B, T, V)
+        logits = self.out(torch.stack(outs, dim=1))  # T x (B, R+Dk+embed_size) -> (B, T, R+Dk+embed_size) -> (B, T, V)
         return logits, torch.stack(all_weights, dim=1)  # T x (B, S) -> (B, T, S)
 
 
@@ -408,18 +409,16 @@ class Seq2Seq(nn.Module):
                                        self.sos_id, self.eos_id), None
         enc_states, enc_final = self.encoder(src, src_lengths)  # (B, S, Dk), (B, Dk)
         dec = self.decoder
-        state = dec.initial_state(enc_final)  # (B, H)
+        state = dec.initial_state(enc_final)  # (B, R)
         y = torch.full((src.shape[0],), self.sos_id, dtype=torch.long, device=src.device)  # (B,)
         done = torch.zeros_like(y, dtype=torch.bool)  # (B,)
         tokens, all_weights = [], []
-        if self.uses_attention:
-            mask = src != 0  # (B, S)
-            keys = dec.scorer.precompute(enc_states)
+        mask = src != 0  # (B, S)
+        projected_keys = dec.scorer.precompute(enc_states)  # once per sequence
         for _ in range(max_len):
-            if self.uses_attention:
-                state, context, emb, weights = dec.step(y, state, enc_states, keys, mask)
-                logits = dec.out(torch.cat([state, context, emb], dim=-1))  # (B, H+Dk+E) -> (B, V)
-                all_weights.append(weights)
+            state, context, emb, weights = dec.step(y, state, enc_states, projected_keys, mask)
+            logits = dec.out(torch.cat([state, context, emb], dim=-1))  # (B, R+Dk+embed_size) -> (B, V)
+            all_weights.append(weights)
             y = logits.argmax(dim=-1)  # (B, V) -> (B,)
             tokens.append(y)
             done = done | (y == self.eos_id)

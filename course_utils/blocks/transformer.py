@@ -6,7 +6,7 @@ causal self-attention, cross-attention to the encoder's output, feed-forward.
 Two placements of the normalisation:
 
 * post-LN (the original paper): ``x = norm(x + sublayer(x))``;
-* pre-LN (most recent models, Xiong et al. 2020): ``x = x + sublayer(norm(x))``.
+* pre-LN (used, for example, by GPT-2; analysed by Xiong et al. 2020): ``x = x + sublayer(norm(x))``.
 
 Masks are boolean, True = may attend. ``nn.TransformerEncoderLayer`` and
 ``nn.TransformerDecoderLayer`` read boolean masks the other way (True = ignore).
@@ -62,7 +62,7 @@ class LayerNorm(nn.Module):
 
 def residual(x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor], norm: Callable[[torch.Tensor], torch.Tensor],
              norm_first: bool) -> torch.Tensor:
-    """A sublayer wrapped in a residual connection and a normalisation (notebook 07, exercise 2).
+    """A sublayer wrapped in a residual connection and a normalisation (notebook 07, section 3).
 
     Args:
         x: (B, T, D) float.
@@ -79,6 +79,27 @@ def residual(x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor], 
     return norm(x + sublayer(x))  # post-LN: normalise after the addition
 
 
+def is_pre_ln(block: Callable[[torch.Tensor], torch.Tensor], D: int) -> bool:
+    """Whether a block, seen only as a function from (B, T, D) to (B, T, D), is pre-LN (notebook 07, exercise 2).
+
+    A post-LN block ends with a LayerNorm, so its output tokens have the same
+    size whatever the size of its input. A pre-LN block adds its input to the
+    output unchanged, so an input 1000 times larger gives an output about 1000
+    times larger.
+
+    Args:
+        block: (B, T, D) -> (B, T, D), e.g. ``lambda x: encoder_block(x)``.
+        D: Model width.
+
+    Returns:
+        True for pre-LN, False for post-LN.
+    """
+    x = torch.randn(2, 5, D, generator=torch.Generator().manual_seed(0))  # (B, T, D)
+    with torch.no_grad():
+        small, large = block(x), block(1000 * x)  # (B, T, D) each
+    return bool(large.norm() > 10 * small.norm())  # pre-LN: about 1000 times larger; post-LN: about the same
+
+
 class FeedForward(nn.Module):
     """Position-wise feed-forward network, max(0, x W1 + b1) W2 + b2, Vaswani et al. 2017 eq. (2) (notebook 07).
 
@@ -86,7 +107,7 @@ class FeedForward(nn.Module):
 
     Args:
         d_model: D.
-        d_ff: Hidden width (the paper's d_ff, 4D there).
+        d_ff: Hidden width D_ff (the paper's d_ff, 4D there).
         dropout: Dropout on the hidden activations (training only).
         activation: "relu" (the paper) or "gelu".
     """
@@ -110,7 +131,10 @@ class TransformerEncoderBlock(nn.Module):
     """Self-attention, then the feed-forward network, each inside ``residual`` (notebook 07).
 
     Dropout acts on each sublayer's output before it is added to the residual
-    stream, and inside the feed-forward network, as in ``nn.TransformerEncoderLayer``.
+    stream, and on the feed-forward network's hidden layer. ``nn.TransformerEncoderLayer``
+    drops in these places and also on the attention weights, which our
+    ``MultiHeadAttention`` does not; so in training mode with dropout > 0 the two
+    compute different functions.
 
     Args:
         d_model: D.
@@ -194,8 +218,10 @@ def block_from_torch(layer: nn.Module, block_class: type[nn.Module]) -> nn.Modul
 
     ``nn.TransformerEncoderLayer(..., batch_first=True)`` goes into an encoder
     block class, ``nn.TransformerDecoderLayer(..., batch_first=True)`` into a
-    decoder block class (one with ``cross_attn``); the copy computes the same
-    function, for either placement of the normalisation.
+    decoder block class (one with ``cross_attn``). For either placement of the
+    normalisation, the copy computes the same function in evaluation mode (or
+    with dropout 0). In training mode with dropout > 0 it does not: PyTorch's
+    layer also drops attention weights, and our blocks do not.
 
     Args:
         layer: The PyTorch layer.

@@ -71,8 +71,8 @@ from course_utils.checks.self_attention import (
     WORKED_EXAMPLE_WRONG,
 )
 from course_utils.checks.transformer import (
+    check_is_pre_ln,
     check_layer_norm,
-    check_residual,
 )
 from course_utils.core.errors import CheckError
 
@@ -98,10 +98,10 @@ __all__ = [
     "check_multi_head_attention",
     "check_next_token_loss",
     "check_online_softmax_update",
+    "check_is_pre_ln",
     "check_layer_norm",
     "check_padding_mask",
     "check_pairwise_scores",
-    "check_residual",
     "check_scaled_dot_product_attention",
     "check_scaled_scores",
     "check_spot_the_error",

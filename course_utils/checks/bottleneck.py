@@ -1,59 +1,100 @@
-"""Checkers for notebook 01: the encoder's final states, exact-match accuracy."""
+"""Checkers for notebook 01: the encoder's final states, exact-match accuracy.
+
+The messages name the likely bug in words. They never print code that solves
+the exercise, nor an entry of the expected answer.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from course_utils.blocks import seq2seq
-from course_utils.checks.core import call, check_close, check_tensor, passed
+from course_utils.checks.core import call, check_tensor, passed
 from course_utils.core.errors import CheckError
 from course_utils.experiments import training
+
+
+def _compare_rows(got: torch.Tensor, expected: torch.Tensor, name: str, suspects: Mapping[str, torch.Tensor],
+                  hint: str) -> None:
+    """Compare row by row; name a recognised mistake, or the wrong rows, never the expected values."""
+    __tracebackhide__ = True  # noqa: F841
+    close = torch.isclose(got.float(), expected.float(), atol=1e-5, rtol=1e-4)  # (B, ...) elementwise
+    if close.all():
+        return
+    for mistake, value in suspects.items():
+        if value.shape == got.shape and torch.allclose(got.float(), value.float(), atol=1e-5, rtol=1e-4):
+            raise CheckError(f"{name} have the right shape but wrong values. {mistake}")
+    wrong = (~close).reshape(close.shape[0], -1).any(dim=1).nonzero().flatten().tolist()  # (B,) -> rows
+    raise CheckError(f"{name} have the right shape, but rows {wrong} of {close.shape[0]} are wrong. {hint}")
 
 
 def check_final_states(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
                        B: int = 4, S: int = 6, R: int = 3) -> None:
     """Check a learner's ``final_states(states, lengths) -> (B, R)`` (notebook 01, exercise 1).
 
+    Runs it forward on a batch with a full-length and a one-token sequence, and
+    backward: the gradient must reach the state after each row's last real
+    token, and nothing else.
+
     Raises:
         CheckError: Naming the likely bug.
     """
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
-    states = torch.randn(B, S, R, generator=g)
+    values = torch.randn(B, S, R, generator=g)
     lengths = torch.randint(1, S + 1, (B,), generator=g)
     lengths[0] = S  # a full-length sequence
     lengths[-1] = 1  # and a one-token one
-    states_copy, lengths_copy = states.clone(), lengths.clone()
+    states = values.clone().requires_grad_()  # a leaf, so the backward check can read its gradient
+    lengths_copy = lengths.clone()
     got = call(fn, states, lengths, name="final_states", expected=f"a (B, R) = {(B, R)} tensor",
-               error_hint="the last real token of row b is at position lengths[b] - 1 (positions start at 0)")
-    if not (torch.equal(states, states_copy) and torch.equal(lengths, lengths_copy)):
-        raise CheckError("final_states changed its inputs in place: index them, do not modify them")
-    expected = seq2seq.final_states(states, lengths)
+               error_hint="a sequence of L_b real tokens has them at positions 0 to L_b - 1 (positions count from 0)")
+    if not (torch.equal(states.detach(), values) and torch.equal(lengths, lengths_copy)):
+        raise CheckError("final_states changed its inputs in place. Read from them, do not modify them.")
+    expected = seq2seq.final_states(values, lengths)
     rows = torch.arange(B)
     suspects = {
-        "this is states[:, -1], a padding position for every sequence shorter than S: "
-        "take position lengths[b] - 1 of each row b": states[:, -1],
-        "this is position lengths[b] - 2: the last real token is at lengths[b] - 1": states[rows, (lengths - 2).clamp(min=0)],
-        "this is the first position: a left-to-right RNN has read the whole sequence only at its last real token":
-            states[:, 0],
-        "this averages over positions (padding included): take the state at the last real token": states.mean(1),
+        "This is the state at the last column, a padding position for every sequence shorter than S. "
+        "Each row needs the position of its own last real token.": values[:, -1],
+        "This is the state one position before the last real token (positions count from 0).":
+            values[rows, (lengths - 2).clamp(min=0)],
+        "This is the first position, but a left-to-right RNN has read the whole sequence only at its last "
+        "real token.": values[:, 0],
+        "This averages over positions, padding included. The context vector is the state at one position.":
+            values.mean(1),
     }
     hints = {
-        (B, B, R): "indexing with [:, lengths - 1] takes those positions from *every* row; pair each row with "
-                   "its own position: states[torch.arange(B), lengths - 1]",
-        (B, S): "the R state dimension is gone: index the position, do not reduce over R",
+        (B, B, R): "each row was indexed at the lengths of *every* row. Each row needs only its own length.",
+        (B, S): "the R state dimension is gone: index a position, do not reduce over R",
     }
-    check_close(got, expected, name="the final states", shape="B R", dims={"B": B, "R": R}, hints=hints,
-                suspects=suspects, hint="row b must be states[b, lengths[b] - 1]")
+    got = check_tensor(got, name="the final states", shape="B R", dims={"B": B, "R": R}, dtype=expected.dtype,
+                       hints=hints)
+    _compare_rows(got.detach(), expected, "the final states", suspects,
+                  "Row b must be the state after the last real token of sequence b.")
+    if not got.requires_grad:
+        raise CheckError("the final states have the right values but are cut off from autograd (a copy through "
+                         "numpy, torch.tensor(...) or .detach()), so no gradient would reach the encoder. "
+                         "Select from the tensor itself.")
+    weights = torch.randn(B, R, generator=g)
+    (grad,) = torch.autograd.grad((got * weights).sum(), states)  # d(sum w * out) / d states
+    expected_grad = torch.zeros(B, S, R)
+    expected_grad[rows, lengths - 1] = weights
+    if not torch.allclose(grad, expected_grad, atol=1e-5, rtol=1e-4):
+        raise CheckError("the values are right, but the gradient reaches other positions of states than the "
+                         "last real token of each row")
     passed("final_states")
 
 
 def check_sequence_exact_match(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
                                B: int = 6, T: int = 7) -> None:
     """Check a learner's ``sequence_exact_match(tokens, targets) -> (B,) bool`` (notebook 01, exercise 2).
+
+    Two probes: a random batch (right rows with anything written after their
+    ``<eos>``, rows with one wrong symbol, a row that does not stop), and a
+    small batch whose only mistake sits in the last column.
 
     Raises:
         CheckError: Naming the likely bug.
@@ -75,29 +116,44 @@ def check_sequence_exact_match(fn: Callable[[torch.Tensor, torch.Tensor], Any], 
     tokens_copy, targets_copy = tokens.clone(), targets.clone()
     got = call(fn, tokens, targets, name="sequence_exact_match", expected=f"a (B,) = ({B},) bool tensor")
     if not (torch.equal(tokens, tokens_copy) and torch.equal(targets, targets_copy)):
-        raise CheckError("sequence_exact_match changed its inputs in place: compare them, do not modify them")
+        raise CheckError("sequence_exact_match changed its inputs in place. Compare them, do not modify them.")
     expected = training.sequence_exact_match(tokens, targets)
     hints = {
-        (B, T): "one value per token: reduce over the T positions with .all(dim=1) to get one per sequence",
-        (T,): "you reduced over the batch (dim 0): reduce over positions, dim=1",
-        (): "a single number for the whole batch: return one bool per sequence, (B,)",
+        (B, T): "one value per token, but exact match gives one value per sequence, True only if every real "
+                "position matches",
+        (T,): "you reduced over the batch (dim 0) instead of over the positions",
+        (): "a single value for the whole batch, but exact match gives one bool per sequence, (B,)",
     }
     got_t = check_tensor(got, name="the result", shape="B", dims={"B": B}, hints=hints)
     if got_t.dtype != torch.bool:
         mean = (tokens == targets).float().mean(dim=1)
         if got_t.is_floating_point() and torch.allclose(got_t, mean):
-            raise CheckError("this is the fraction of right tokens per sequence; exact match asks whether *all* "
-                             "real tokens are right: a bool per sequence")
+            raise CheckError("this is the fraction of right tokens per sequence. Exact match asks whether all "
+                             "real tokens are right, one bool per sequence.")
         raise CheckError(f"expected a bool tensor (True = the whole sequence is right), got dtype {got_t.dtype}")
     suspects = {
-        "padding positions were compared too: after <eos> a model may write anything; "
-        "compare only where targets != pad": (tokens == targets).all(dim=1),
-        "any() accepts a sequence with a single right token; every real token must match: all()":
+        "Padding positions were compared too, but after <eos> a model may write anything there.":
+            (tokens == targets).all(dim=1),
+        "A sequence with a single right token was accepted, but every real token must match.":
             ((tokens == targets) & (targets != 0)).any(dim=1),
-        "the <eos> position was skipped: a prediction that does not stop in the right place is wrong":
+        "The <eos> position was skipped, but a prediction that does not stop in the right place is wrong.":
             ((tokens == targets) | (targets == 0) | (targets == 2)).all(dim=1),
     }
-    check_close(got_t.float(), expected.float(), name="the result", shape="B", dims={"B": B},
-                suspects={k: v.float() for k, v in suspects.items()},
-                hint="row b is True exactly when tokens[b, t] == targets[b, t] at every t where targets[b, t] != 0")
+    hint = ("Row b must be True exactly when the prediction equals the target at every output position i "
+            "where the target is not padding.")
+    _compare_rows(got_t, expected, "the results", suspects, hint)
+
+    # Second probe: row 0 has all T positions real and its only mistake in the last one; row 1 is right.
+    last = torch.randint(3, 9, (2, T), generator=g)
+    last[0, T - 1] = 2  # row 0: T real tokens, <eos> in the last column
+    last[1, 1], last[1, 2:] = 2, 0  # row 1: two real tokens, then padding
+    guess = last.clone()
+    guess[0, T - 1] = 3  # row 0 does not stop: its only mistake is in the last column
+    guess[1, 2:] = 4  # row 1 writes anything after its <eos>
+    got_last = call(fn, guess, last, name="sequence_exact_match", expected="a (B,) = (2,) bool tensor")
+    got_last = check_tensor(got_last, name="the result", shape="B", dims={"B": 2}, dtype=torch.bool, hints=hints)
+    if bool(got_last[0]):
+        raise CheckError("a mistake in the last column was missed: every real position counts, the last one too")
+    padding_compared = {next(iter(suspects)): (guess == last).all(dim=1)}  # the first suspect, on this probe
+    _compare_rows(got_last, training.sequence_exact_match(guess, last), "the results", padding_compared, hint)
     passed("sequence_exact_match")

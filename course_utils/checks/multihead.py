@@ -26,23 +26,26 @@ def check_split_heads(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B: 
     x = torch.randn(B, T, D, generator=g)
     x_copy = x.clone()
     got = call(fn, x, H, name="split_heads", expected=f"a (B, H, T, Dh) = {(B, H, T, Dh)} tensor",
-               error_hint="x.view(B, T, H, Dh) needs D = H * Dh; then .transpose(1, 2)")
+               error_hint="if the error says a shape is invalid: the sizes you ask for must multiply to B * T * D, "
+                          "with D = H * Dh. If it is about a view and strides: a view cannot reorder memory, and once "
+                          "an axis has moved the numbers are no longer stored in order")
     if not torch.equal(x, x_copy):
         raise CheckError("split_heads changed x in place: view and transpose return new tensors")
     expected = multihead.split_heads(x, H)
     suspects = {
         "the view went straight to (B, H, T, Dh): that cuts x's memory into blocks of T * Dh numbers, so one "
-        "'head' holds features of several tokens. Split the features of each token first, "
-        "x.view(B, T, H, Dh), then .transpose(1, 2)": x.reshape(B, H, T, Dh),
-        "head h takes every H-th feature (h, h + H, ...): split into contiguous blocks, view(B, T, H, Dh)":
-            x.view(B, T, Dh, H).permute(0, 3, 1, 2),
+        "'head' holds features of several tokens. Each token's features must stay with their token "
+        "(section 1)": x.reshape(B, H, T, Dh),
+        "head h takes every H-th feature (h, h + H, ...): head h must take the contiguous block of features "
+        "h * Dh ... (h + 1) * Dh - 1": x.view(B, T, Dh, H).permute(0, 3, 1, 2),
     }
     hints = {
-        (B * H, T, Dh): "keep B and H as two dimensions, (B, H, T, Dh); and a view straight to the head shape "
-                        "mixes tokens: x.view(B, T, H, Dh).transpose(1, 2)",
-        (B, T, H, Dh): "the heads are split but still after the tokens: add .transpose(1, 2) to get (B, H, T, Dh)",
-        (T, B * H, Dh): "a view to (T, B * H, Dh) reinterprets memory and mixes batch elements and positions: "
-                        "x.view(B, T, H, Dh).transpose(1, 2)",
+        (B * H, T, Dh): "keep B and H as two dimensions, (B, H, T, Dh); and remember that a view "
+                        "straight to the head shape mixes tokens (section 1)",
+        (B, T, H, Dh): "the features are cut into heads, but the head axis is still after the token axis: "
+                       "the result must be (B, H, T, Dh), heads before tokens",
+        (T, B * H, Dh): "a view to (T, B * H, Dh) of a (B, T, D) tensor reinterprets memory and mixes batch "
+                        "elements and positions; the result must be (B, H, T, Dh)",
     }
     check_close(got, expected, name="the heads", shape="B H T Dh", dims={"B": B, "H": H, "T": T, "Dh": Dh},
                 hints=hints, suspects=suspects, hint="head h of token i must be x[b, i, h*Dh:(h+1)*Dh]")
@@ -61,19 +64,21 @@ def check_merge_heads(fn: Callable[[torch.Tensor], Any], seed: int = 0, B: int =
     x = torch.randn(B, H, T, Dh, generator=g)
     x_copy = x.clone()
     got = call(fn, x, name="merge_heads", expected=f"a (B, T, D) = {(B, T, H * Dh)} tensor",
-               error_hint="after transpose(1, 2) the memory is not contiguous, so .view fails: use .reshape(B, T, D) "
-                          "(or .contiguous().view(B, T, D))")
+               error_hint="if the error is about a view and strides: once the head axis has moved, the numbers "
+                          "are no longer stored in (B, T, D) order, and a view cannot reorder memory (an operation "
+                          "that copies when it must can)")
     if not torch.equal(x, x_copy):
         raise CheckError("merge_heads changed x in place: use out-of-place operations")
     expected = multihead.merge_heads(x)
     suspects = {
-        "the heads were reshaped to (B, T, D) without transposing back first: that mixes tokens. "
-        "x.transpose(1, 2).reshape(B, T, D)": x.reshape(B, T, H * Dh),
-        "the features are interleaved (head index last): concatenate head blocks, x.transpose(1, 2).reshape(B, T, D)":
-            x.permute(0, 2, 3, 1).reshape(B, T, H * Dh),
+        "the heads were reshaped to (B, T, D) without transposing back first: memory holds head 0's tokens, "
+        "then head 1's, so each 'token' of the result mixes several tokens": x.reshape(B, T, H * Dh),
+        "the features are interleaved (head index last): feature f of token i must come from head f // Dh, "
+        "as whole blocks of Dh features": x.permute(0, 2, 3, 1).reshape(B, T, H * Dh),
     }
     hints = {
-        (B, T, H, Dh): "the heads are transposed back but not concatenated: .reshape(B, T, H * Dh)",
+        (B, T, H, Dh): "the heads are transposed back but not concatenated: each token needs its H blocks of "
+                       "Dh features side by side, (B, T, H * Dh)",
         (B * H, T, Dh): "merge means concatenating the H heads of each token: (B, T, H * Dh)",
     }
     check_close(got, expected, name="the merged heads", shape="B T D", dims={"B": B, "T": T, "D": H * Dh},
@@ -128,15 +133,14 @@ def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2
         with torch.no_grad():
             got = call(fn, query, key, value, *projections, H, mask, name="multi_head_attention",
                        expected=f"a tuple (out (B, T, D) = {(B, Tq, D)}, weights (B, H, T, S) = {(B, H, Tq, Sk)})",
-                       error_hint="split with .view(B, length, H, Dh).transpose(1, 2); key and value may be longer "
-                                  "than query, so take their length from their own shape")
+                       error_hint="key and value may be longer than query (S != T): take their length from their "
+                                  "own shape, not from query's")
             expected_out, expected_weights = multihead.multi_head_attention(query, key, value, *projections, H, mask)
             variants = {
-                "the heads were split with a view straight to (B, H, T, Dh), which scrambles tokens across heads: "
-                "view(B, T, H, Dh).transpose(1, 2)": _mha_variant(query, key, value, projections, H, mask, bad_split=True),
-                "the heads were merged with a reshape to (B, T, D) without transposing back: "
-                "context.transpose(1, 2).reshape(B, T, D)": _mha_variant(query, key, value, projections, H, mask,
-                                                                          bad_merge=True),
+                "the heads were split with a view straight to (B, H, T, Dh), which scrambles tokens across heads "
+                "(section 1)": _mha_variant(query, key, value, projections, H, mask, bad_split=True),
+                "the heads were merged with a reshape to (B, T, D) without transposing back, which mixes tokens "
+                "(Exercise 2)": _mha_variant(query, key, value, projections, H, mask, bad_merge=True),
                 f"the scores were scaled by sqrt(D) = sqrt({D}), the model width; each head's queries and keys have "
                 f"Dk = Dh = {Dh} features: divide by sqrt(Dk)": _mha_variant(query, key, value, projections, H, mask,
                                                                       scale_by_model_width=True),
@@ -157,6 +161,8 @@ def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2
                          "and Dk = Dh")
         check_close(out, expected_out, name=f"out ({label})", shape="B T D", dims={"B": B, "T": Tq, "D": D},
                     suspects={m: o for m, (o, _) in variants.items()},
-                    hints={(B, H, Tq, Dh): "the heads are not merged: transpose(1, 2).reshape(B, T, D), then out_proj"},
-                    hint="out = out_proj(merge_heads(weights @ v))")
+                    hints={(B, H, Tq, Dh): "the heads are not merged: out must be (B, T, D), the heads of each "
+                                           "token side by side and then mixed by the output projection"},
+                    hint="each head's output is the weighted sum of its values; the heads of each token are "
+                         "concatenated, then mixed by the output projection (section 2's equations)")
     passed("multi_head_attention")

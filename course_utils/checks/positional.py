@@ -35,12 +35,12 @@ def check_sinusoidal_positional_encoding(fn: Callable[[int, int], Any], T: int =
         "each feature got its own frequency 10000^(-j/D); the two features of a pair (2m, 2m + 1) share "
         "theta_m = 10000^(-2m/D)": torch.where(torch.arange(D) % 2 == 0, torch.sin(p * per_feature),
                                                torch.cos(p * per_feature)),
-        "this is the 'halves' layout (all sines, then all cosines), used by some libraries; the paper, and this "
-        "course, interleave them: PE[:, 0::2] = sin, PE[:, 1::2] = cos":
+        "this is the 'halves' layout (all sines, then all cosines), used by some libraries; the paper puts the sine "
+        "of pair m in feature 2m and its cosine in feature 2m + 1":
             torch.cat([torch.sin(p * theta), torch.cos(p * theta)], -1),
         "positions start at 1: the first token has position 0":
             interleave(torch.sin((p + 1) * theta), torch.cos((p + 1) * theta)),
-        "the angle is p * 10000^(2m/D) (the exponent's sign is flipped): divide p by 10000^(2m/D)":
+        "the angle is p * 10000^(+2m/D): the exponent's sign is flipped, so the last pairs turn fastest":
             interleave(torch.sin(p / theta), torch.cos(p / theta)),
     }
     hints = {(D, T): "rows are positions and columns features: (T, D)", (T, D // 2): "only D/2 columns: write the sines "
@@ -51,54 +51,63 @@ def check_sinusoidal_positional_encoding(fn: Callable[[int, int], Any], T: int =
 
 
 def check_apply_rotary(fn: Callable[[torch.Tensor, torch.Tensor | None], Any], seed: int = 0, B: int = 2, T: int = 5,
-                       D: int = 8) -> None:
-    """Check a learner's ``apply_rotary(x, positions=None)`` (notebook 06, exercise 2).
+                       Dk: int = 8) -> None:
+    """Check a learner's ``apply_rotary(x, positions=None)`` on x of shape (B, T, Dk) (notebook 06, exercise 2).
 
     Raises:
         CheckError: Naming the likely bug (rotation the wrong way, the rotate-half
-            pairing, ignored positions, angles computed in bfloat16).
+            pairing, ignored positions, angles rounded to bfloat16).
     """
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, T, D, generator=g)
+    x = torch.randn(B, T, Dk, generator=g)
     positions = torch.tensor([3, 0, 7, 1, 12][:T] + list(range(20, 20 + max(0, T - 5))))
     x_copy = x.clone()
     for label, args in [("default positions", (x, None)), ("given positions", (x, positions))]:
-        got = call(fn, *args, name="apply_rotary", expected=f"a tensor shaped like x, {(B, T, D)}")
+        got = call(fn, *args, name="apply_rotary", expected=f"a tensor shaped like x, {(B, T, Dk)}")
         if not torch.equal(x, x_copy):
             raise CheckError("apply_rotary changed x in place: build the output in a new tensor")
         pos = torch.arange(T) if args[1] is None else args[1]
         expected = positional.apply_rotary(x, args[1])
-        angles = pos[:, None].float() * positional.frequencies(D)[None, :]  # (T, D/2)
-        half = D // 2
+        angles = pos[:, None].float() * positional.frequencies(Dk)[None, :]  # (T, Dk/2)
+        half = Dk // 2
         first, second = x[..., :half], x[..., half:]
         halves = torch.cat([first * angles.cos() - second * angles.sin(), first * angles.sin() + second * angles.cos()], -1)
         suspects = {
-            "each pair is rotated the wrong way (by -p theta_m): x'_2m = x_2m cos - x_2m+1 sin, "
-            "x'_2m+1 = x_2m sin + x_2m+1 cos": positional.apply_rotary(x, -pos),
-            "this pairs feature m with feature m + D/2 (the 'rotate half' layout of GPT-NeoX and Hugging Face's LLaMA): "
-            "the same rotation up to a permutation of the features, but this exercise asks for the paper's "
+            "each pair is turned the wrong way, by the angle -p theta_m instead of +p theta_m":
+                positional.apply_rotary(x, -pos),
+            "this pairs feature m with feature m + Dk/2 (the 'rotate half' layout of GPT-NeoX and Hugging Face's "
+            "LLaMA): the same rotation up to a permutation of the features, but this exercise asks for the paper's "
             "adjacent pairs (2m, 2m + 1)": halves,
-            "the positions were ignored: rotate token t by its own position": positional.apply_rotary(x, torch.zeros_like(pos)),
+            "the positions were ignored: every row came out as if it sat at position 0":
+                positional.apply_rotary(x, torch.zeros_like(pos)),
         }
         if args[1] is not None:
             suspects["the given positions were ignored: use 0 .. T - 1 only when positions is None"] = (
                 positional.apply_rotary(x, None))
-        check_close(got, expected, name=f"the rotated x ({label})", shape="B T D", dims={"B": B, "T": T, "D": D},
-                    suspects=suspects, hint="pair (2m, 2m + 1) of token t is rotated by the angle positions[t] * theta_m, "
-                                            "theta_m = 10000^(-2m/D)")
-    # bfloat16 at large positions: the angles must be computed in float32, not in x's dtype
-    x16 = torch.randn(B, T, D, generator=g).to(torch.bfloat16)
+        check_close(got, expected, name=f"the rotated x ({label})", shape="B T Dk", dims={"B": B, "T": T, "Dk": Dk},
+                    suspects=suspects, hint="pair (2m, 2m + 1) of the row at position p is turned by the angle "
+                                            "p * theta_m, theta_m = 10000^(-2m/Dk)")
+    # bfloat16 at large positions: the angles must not be rounded to x's dtype before cos and sin
+    x16 = torch.randn(B, T, Dk, generator=g).to(torch.bfloat16)
     far = 1000 + torch.arange(T)  # bfloat16 rounds 1001 and 1002 to 1000
-    got = call(fn, x16, far, name="apply_rotary", expected=f"a bfloat16 tensor shaped like x, {(B, T, D)}")
-    angles16 = far[:, None].to(torch.bfloat16) * positional.frequencies(D).to(torch.bfloat16)[None, :]  # (T, D/2)
+    got = call(fn, x16, far, name="apply_rotary", expected=f"a bfloat16 tensor shaped like x, {(B, T, Dk)}")
     even, odd = x16[..., 0::2], x16[..., 1::2]
-    in_x_dtype = torch.stack([even * angles16.cos() - odd * angles16.sin(),
-                              even * angles16.sin() + odd * angles16.cos()], dim=-1).flatten(-2)  # (B, T, D)
+
+    def turned(angles: torch.Tensor) -> torch.Tensor:  # (T, Dk/2) bfloat16 angles -> (B, T, Dk)
+        return torch.stack([even * angles.cos() - odd * angles.sin(), even * angles.sin() + odd * angles.cos()],
+                           dim=-1).flatten(-2)
+
+    theta = positional.frequencies(Dk)  # (Dk/2,)
+    rounded = "the angles were rounded to bfloat16 (x's dtype) before cos and sin"
     check_close(got, positional.apply_rotary(x16, far), name="the rotated bfloat16 x (positions 1000, 1001, ...)",
-                shape="B T D", dims={"B": B, "T": T, "D": D}, atol=0.05, rtol=0.02,
-                suspects={"the angles were computed in x's dtype: bfloat16 keeps 8 significant bits, so positions "
-                          "1000, 1001 and 1002 all become 1000. Compute positions * theta_m in float32, then cast cos "
-                          "and sin to x's dtype": in_x_dtype},
-                hint="compute the angles in float32 and return a tensor of x's dtype")
+                shape="B T Dk", dims={"B": B, "T": T, "Dk": Dk}, atol=0.05, rtol=0.02,
+                suspects={  # the first message is true of both variants (they often give the same values)
+                    f"{rounded}: bfloat16 keeps 8 significant bits, so an angle near 1000 radians can be off by "
+                    "2 radians, and positions 1000, 1001 and 1002 get the same angle in pair 0":
+                        turned(far[:, None].to(torch.bfloat16) * theta.to(torch.bfloat16)[None, :]),
+                    f"{rounded}, after being computed in float32: bfloat16 keeps 8 significant bits, so an angle near "
+                    "1000 radians can be off by 2 radians": turned((far[:, None].float() * theta[None, :]).bfloat16()),
+                },
+                hint="look at how precisely the angles of positions near 1000 are computed")
     passed("apply_rotary")

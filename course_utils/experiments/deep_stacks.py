@@ -8,7 +8,7 @@ reaches the loss directly and the gradients are not comparable with post-LN's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -85,12 +85,14 @@ class StackRun:
     """What :func:`train_reversal_stack` measured.
 
     Attributes:
-        accuracy: Fraction of the test tokens predicted right (chance: 1 / V).
+        accuracy: Fraction of the test tokens predicted right (chance: 1 / V), after the last step.
         losses: Training loss at every step.
+        accuracy_at: ``{steps taken: accuracy}`` at the earlier steps asked for with ``eval_at``.
     """
 
     accuracy: float
     losses: tuple[float, ...]
+    accuracy_at: dict[int, float] = field(default_factory=dict)
 
 
 class _ReversalStack(nn.Module):
@@ -115,7 +117,8 @@ class _ReversalStack(nn.Module):
         return self.out(self.final_norm(h))  # (B, T, V)
 
 
-def train_reversal_stack(norm_first: bool, config: WarmupConfig = WarmupConfig(), seed: int = 0) -> StackRun:
+def train_reversal_stack(norm_first: bool, config: WarmupConfig = WarmupConfig(), seed: int = 0,
+                         eval_at: tuple[int, ...] = ()) -> StackRun:
     """Train a deep post-LN or pre-LN stack with Adam, with or without a learning-rate warm-up (notebook 07).
 
     The task: read T random symbols and write them reversed, one output per
@@ -127,14 +130,19 @@ def train_reversal_stack(norm_first: bool, config: WarmupConfig = WarmupConfig()
         norm_first: Pre-LN (True; the stack ends with a final LayerNorm) or post-LN (False).
         config: Sizes, budget and warm-up (``warmup_steps=0``: the full rate from the first step).
         seed: Seeds the weights and the training batches; the test set is the same for every seed.
+        eval_at: Also measure the test accuracy after these numbers of steps (those below
+            ``config.steps``). The run itself is the same as without them: a run of 300 steps
+            measured at 100 is, up to step 100, the run of 100 steps.
 
     Returns:
         A :class:`StackRun`.
     """
     torch.manual_seed(seed)
     model = _ReversalStack(config, norm_first)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     batches = torch.Generator().manual_seed(seed)
     V, T, B = config.n_symbols, config.length, config.batch_size
+    test = torch.randint(0, V, (config.n_test, T), generator=torch.Generator().manual_seed(10_000))  # (n_test, T)
 
     def step_loss(step: int) -> torch.Tensor:
         tokens = torch.randint(0, V, (B, T), generator=batches)  # (B, T)
@@ -144,11 +152,21 @@ def train_reversal_stack(norm_first: bool, config: WarmupConfig = WarmupConfig()
     def lr_at(step: int) -> float:
         return config.lr * min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps > 0 else config.lr
 
+    @torch.no_grad()
+    def test_accuracy() -> float:
+        return (model(test).argmax(-1) == test.flip(1)).float().mean().item()  # (n_test, T, V) -> (n_test, T) -> scalar
+
     kind = "pre-LN" if norm_first else "post-LN"
-    result = fit(model, torch.optim.Adam(model.parameters(), lr=config.lr), step_loss, training_steps(config),
-                 f"{kind} stack of {config.depth}, warm-up {config.warmup_steps}, seed {seed}", lr_at=lr_at,
-                 grad_clip=config.grad_clip, threads=1)
-    test = torch.randint(0, V, (config.n_test, T), generator=torch.Generator().manual_seed(10_000))  # (N, T)
-    with torch.no_grad():
-        accuracy = (model(test).argmax(-1) == test.flip(1)).float().mean().item()  # (N, T, V) -> (N, T) -> scalar
-    return StackRun(accuracy=accuracy, losses=result.losses)
+    steps = training_steps(config)
+    stops = sorted({s for s in eval_at if 0 < s < steps} | {steps})
+    losses: list[float] = []
+    accuracy_at: dict[int, float] = {}
+    for stop in stops:  # train up to each stop in turn, with the same optimizer: one continuous run
+        done = len(losses)
+        result = fit(model, optimizer, lambda k, done=done: step_loss(done + k), stop - done,
+                     f"{kind} stack of {config.depth}, warm-up {config.warmup_steps}, seed {seed}, steps {done + 1}-{stop}",
+                     lr_at=lambda k, done=done: lr_at(done + k), grad_clip=config.grad_clip, threads=1)
+        losses += result.losses
+        if stop < steps:
+            accuracy_at[stop] = test_accuracy()
+    return StackRun(accuracy=test_accuracy(), losses=tuple(losses), accuracy_at=accuracy_at)

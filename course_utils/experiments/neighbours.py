@@ -58,9 +58,9 @@ class NeighbourModel(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) tokens -> logits (B, T, V * V) and attention weights (B, H, T, T)."""
-        h = self.token_embedding(tokens) + self.position_embedding.weight  # (B, T, D) + (T, D)
-        attended, weights = self.attention(h, return_weights=True)  # (B, T, D), (B, H, T, T)
-        return self.classifier(h + attended), weights  # (B, T, V * V)
+        x = self.token_embedding(tokens) + self.position_embedding.weight  # (B, T, D) + (T, D)
+        attended, weights = self.attention(x, return_weights=True)  # (B, T, D), (B, H, T, T)
+        return self.classifier(x + attended), weights  # (B, T, V * V)
 
 
 @dataclass
@@ -74,7 +74,14 @@ class NeighbourResult:
 
 
 def neighbour_test_set(config: NeighbourConfig, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The held-out sequences for ``seed`` (their own generator, never seen in training)."""
+    """The held-out sequences for ``seed``.
+
+    They come from their own generator (seeded ``10_000 + seed``), not from the
+    training stream. A test sequence can still equal one drawn in training by
+    chance, but that is unlikely: with the default config there are
+    V ** T = 8 ** 12 (about 7e10) possible sequences, and training draws
+    600 * 128 (about 8e4) of them.
+    """
     return make_neighbour_batch(config, config.test_size, torch.Generator().manual_seed(10_000 + seed))
 
 

@@ -71,7 +71,7 @@ class OrderModel(nn.Module):
         if positions == "sinusoidal":
             self.register_buffer("pe", sinusoidal_positional_encoding(config.T, D))  # (T, D), fixed
         elif positions == "concat":
-            self.register_buffer("pe", sinusoidal_positional_encoding(config.T, config.concat_dim))  # (T, P), fixed
+            self.register_buffer("pe", sinusoidal_positional_encoding(config.T, config.concat_dim))  # (T, concat_dim), fixed
         elif positions == "learned":
             self.position_embedding = nn.Embedding(config.T, D)  # (T, D), trained
         self.norm1 = nn.LayerNorm(D)
@@ -83,13 +83,13 @@ class OrderModel(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) int64 tokens -> (B, T, V) logits."""
-        h = self.token_embedding(tokens)  # (B, T, D), or (B, T, D - P) for "concat"
+        h = self.token_embedding(tokens)  # (B, T, D), or (B, T, D - concat_dim) for "concat"
         if self.positions == "sinusoidal":
             h = h + self.pe  # (B, T, D) + (T, D)
         elif self.positions == "learned":
             h = h + self.position_embedding.weight  # (B, T, D) + (T, D)
         elif self.positions == "concat":
-            h = torch.cat([h, self.pe.expand(h.shape[0], -1, -1)], dim=-1)  # (B, T, D - P) | (B, T, P) -> (B, T, D)
+            h = torch.cat([h, self.pe.expand(h.shape[0], -1, -1)], dim=-1)  # (B, T, D - concat_dim) | (B, T, concat_dim) -> (B, T, D)
         h = h + self.attention(self.norm1(h))  # (B, T, D)
         h = h + self.feed_forward(self.norm2(h))  # (B, T, D)
         return self.classifier(self.norm_out(h))  # (B, T, D) -> (B, T, V)

@@ -5,11 +5,11 @@ independent with mean 0 and variance 1, then q·k has mean 0 and variance Dk.
 Unscaled scores therefore spread out as Dk grows and the softmax saturates
 (one weight near 1, the rest near 0). What that does to learning is not simply
 that the gradients vanish: the mean gradient reaching the query grows with Dk
-(it comes from queries whose weight is split between a few wrong keys), but
-the part of it that would raise the right key is proportional to that key's
-weight, which a saturated softmax makes exponentially small. Each function
-here measures one part of that argument, so a lecturer can re-run it with
-other settings.
+up to about Dk = 64 and then levels off (it comes from the queries whose
+weight is split between a few wrong keys), but for any loss the part of it
+that would raise the right key is proportional to that key's weight, which a
+saturated softmax makes exponentially small. Each function here measures one
+part of that argument, so a lecturer can re-run it with other settings.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from course_utils.blocks.attention import attention_entropy, scaled_dot_product_
 from course_utils.experiments.loop import fit, training_steps
 
 
-def score_variance(d_ks: Sequence[int], n_pairs: int = 20_000, seed: int = 0) -> dict[int, float]:
+def score_variance(Dks: Sequence[int], n_pairs: int = 20_000, seed: int = 0) -> dict[int, float]:
     """Empirical Var(q·k) for q, k with independent N(0, 1) components, for each key width.
 
     Args:
-        d_ks: Key widths Dk to measure.
+        Dks: Key widths Dk to measure.
         n_pairs: Number of (q, k) pairs drawn per width.
         seed: Seed of the generator.
 
@@ -37,10 +37,10 @@ def score_variance(d_ks: Sequence[int], n_pairs: int = 20_000, seed: int = 0) ->
     """
     g = torch.Generator().manual_seed(seed)
     result = {}
-    for Dk in d_ks:
-        q = torch.randn(n_pairs, Dk, generator=g, dtype=torch.float64)  # (N, Dk)
-        k = torch.randn(n_pairs, Dk, generator=g, dtype=torch.float64)  # (N, Dk)
-        dots = (q * k).sum(dim=-1)  # (N, Dk) -> (N,)
+    for Dk in Dks:
+        q = torch.randn(n_pairs, Dk, generator=g, dtype=torch.float64)  # (B, Dk): one pair per row, B = n_pairs
+        k = torch.randn(n_pairs, Dk, generator=g, dtype=torch.float64)  # (B, Dk)
+        dots = (q * k).sum(dim=-1)  # (B, Dk) -> (B,)
         result[Dk] = dots.var().item()
     return result
 
@@ -66,7 +66,7 @@ class SelfScores:
     self_weight: float  # mean w_ii with the 1/sqrt(Dk) scale: about 1/T when nothing singles out i
 
 
-def self_attention_diagonal(d_ks: Sequence[int], rhos: Sequence[float], D: int = 1024, T: int = 16,
+def self_attention_diagonal(Dks: Sequence[int], rhos: Sequence[float], D: int = 1024, T: int = 16,
                             num_sentences: int = 200, seed: int = 0) -> list[SelfScores]:
     """Self-attention of random tokens when W_K is correlated with W_Q (tied when rho = 1).
 
@@ -74,15 +74,17 @@ def self_attention_diagonal(d_ks: Sequence[int], rhos: Sequence[float], D: int =
     entries, so q_i = x_i W_Q has components of variance 1, and
     ``W_K = rho W_Q + sqrt(1 - rho^2) W'`` with an independent W' like W_Q.
     For i != j, q_i and k_j come from different tokens and the variance
-    argument holds. For i = j they come from the same token: E[q_i · k_i] =
-    rho Dk, so the scaled diagonal score has mean rho sqrt(Dk), which grows.
+    argument holds. For i = j they come from the same token: the expectation
+    of q_i · k_i is rho Dk, so the scaled diagonal score has mean
+    rho sqrt(Dk), which grows. Its ratio to the spread of the off-diagonal
+    scores is rho sqrt(Dk) whatever the scores are divided by.
 
     Args:
-        d_ks: Key widths Dk.
+        Dks: Key widths Dk.
         rhos: Correlations between W_K and W_Q, in [0, 1].
         D: Width of the tokens (keep D >> Dk so that q's components stay nearly independent).
         T: Tokens per sentence (queries = keys).
-        num_sentences: Sentences averaged over.
+        num_sentences: Sentences averaged over (B, the batch of sentences).
         seed: Seed of the generator.
 
     Returns:
@@ -91,15 +93,15 @@ def self_attention_diagonal(d_ks: Sequence[int], rhos: Sequence[float], D: int =
     g = torch.Generator().manual_seed(seed)
     eye = torch.eye(T, dtype=torch.bool)  # (T, T): the diagonal i = j
     result = []
-    for Dk in d_ks:
-        x = torch.randn(num_sentences, T, D, generator=g, dtype=torch.float64)  # (N, T, D)
+    for Dk in Dks:
+        x = torch.randn(num_sentences, T, D, generator=g, dtype=torch.float64)  # (B, T, D)
         W_q = torch.randn(D, Dk, generator=g, dtype=torch.float64) / math.sqrt(D)  # (D, Dk)
         W_other = torch.randn(D, Dk, generator=g, dtype=torch.float64) / math.sqrt(D)  # (D, Dk)
         for rho in rhos:
             W_k = rho * W_q + math.sqrt(1.0 - rho**2) * W_other  # (D, Dk)
-            q, k = x @ W_q, x @ W_k  # (N, T, D) @ (D, Dk) -> (N, T, Dk)
-            scores = q @ k.transpose(-2, -1)  # (N, T, Dk) @ (N, Dk, T) -> (N, T, T), unscaled
-            weights = torch.softmax(scores / math.sqrt(Dk), dim=-1)  # (N, T, T), scaled
+            q, k = x @ W_q, x @ W_k  # (B, T, D) @ (D, Dk) -> (B, T, Dk)
+            scores = q @ k.transpose(-2, -1)  # (B, T, Dk) @ (B, Dk, T) -> (B, T, T), unscaled
+            weights = torch.softmax(scores / math.sqrt(Dk), dim=-1)  # (B, T, T), scaled
             result.append(SelfScores(
                 Dk=Dk, rho=rho,
                 diagonal_mean=(scores[:, eye].mean() / Dk).item(),
@@ -113,37 +115,48 @@ def self_attention_diagonal(d_ks: Sequence[int], rhos: Sequence[float], D: int =
 class Saturation:
     """Softmax statistics and gradients against Dk, scaled and unscaled (see ``softmax_saturation``).
 
-    Every dict maps "scaled"/"unscaled" to one value per Dk in ``d_ks``.
+    Every dict maps "scaled"/"unscaled" to one value per Dk in ``Dks``.
     """
 
-    d_ks: list[int]  # the key widths Dk measured
+    Dks: list[int]  # the key widths Dk measured
     entropy: dict[str, list[float]]  # mean entropy of a query's weights, nats
     max_weight: dict[str, list[float]]  # mean largest weight of a query
+    score_gap: dict[str, list[float]]  # median gap between a query's two largest scores e_j (scale included)
     right_weight: dict[str, list[float]]  # median weight w_{j*} of the right key
     grad_norm: dict[str, list[float]]  # mean norm of dL/de, the gradient with respect to the scores
     grad_query: dict[str, list[float]]  # mean norm of dL/dq, the gradient with respect to the query
     grad_query_median: dict[str, list[float]]  # median norm of dL/dq: the typical query
     split_fraction: dict[str, list[float]]  # fraction of queries whose second-largest weight exceeds 0.01
     split_grad_share: dict[str, list[float]]  # share of the summed ||dL/dq|| that comes from those queries
-    num_keys: int  # S, keys per query; uniform weights have entropy ln(S)
+    S: int  # keys per query; uniform weights have entropy ln(S)
+
+    @property
+    def d_ks(self) -> list[int]:
+        """The old name of ``Dks``, still read by ``plotting.plot_saturation``."""
+        return self.Dks
+
+    @property
+    def num_keys(self) -> int:
+        """The old name of ``S``, still read by ``plotting.plot_saturation``."""
+        return self.S
 
 
-def softmax_saturation(d_ks: Sequence[int], num_keys: int = 16, num_queries: int = 256, Dv: int = 16,
+def softmax_saturation(Dks: Sequence[int], S: int = 16, num_queries: int = 256, Dv: int = 16,
                        seed: int = 0) -> Saturation:
     """Entropy, weights and gradients of one attention step, scaled and unscaled, against Dk.
 
     One query q attends over S keys k_j with values v_j; all components are
     independent N(0, 1). The task: retrieve the value of key j* = 0 (the keys
-    are exchangeable, so any fixed j* is a random one). The loss is
-    ``L = 0.5 * ||z - v_{j*}||^2`` with ``z = sum_j w_j v_j`` and
-    ``w = softmax(e)``, ``e_j = q · k_j / sqrt(Dk)`` (scaled) or ``q · k_j``
-    (unscaled). Gradients by autograd, in float64 so that tiny weights do not
-    round to 0.
+    are exchangeable, so any fixed j* is a random one). The loss is the
+    squared error ``L_sq = 0.5 * ||z - v_{j*}||^2`` with
+    ``z = sum_j w_j v_j`` (``out`` in the code) and ``w = softmax(e)``,
+    ``e_j = q · k_j / sqrt(Dk)`` (scaled) or ``q · k_j`` (unscaled).
+    Gradients by autograd, in float64 so that tiny weights do not round to 0.
 
     Args:
-        d_ks: Key widths Dk.
-        num_keys: S, the number of keys each query attends over.
-        num_queries: Queries averaged over.
+        Dks: Key widths Dk.
+        S: The number of keys each query attends over.
+        num_queries: Queries averaged over (B: each query is one example of a batch).
         Dv: Width of the values.
         seed: Seed of the generator.
 
@@ -151,35 +164,37 @@ def softmax_saturation(d_ks: Sequence[int], num_keys: int = 16, num_queries: int
         A ``Saturation`` with one value per Dk for each statistic and variant.
     """
     g = torch.Generator().manual_seed(seed)
-    names = ("entropy", "max", "right", "grad", "grad_q", "grad_q_median", "split", "split_share")
+    names = ("entropy", "max", "gap", "right", "grad", "grad_q", "grad_q_median", "split", "split_share")
     stats: dict[str, dict[str, list[float]]] = {s: {"scaled": [], "unscaled": []} for s in names}
-    for Dk in d_ks:
-        q0 = torch.randn(num_queries, 1, Dk, generator=g, dtype=torch.float64)  # (N, 1, Dk): one query per row
-        k = torch.randn(num_queries, num_keys, Dk, generator=g, dtype=torch.float64)  # (N, S, Dk)
-        v = torch.randn(num_queries, num_keys, Dv, generator=g, dtype=torch.float64)  # (N, S, Dv)
+    for Dk in Dks:
+        q0 = torch.randn(num_queries, 1, Dk, generator=g, dtype=torch.float64)  # (B, 1, Dk): one query per row
+        k = torch.randn(num_queries, S, Dk, generator=g, dtype=torch.float64)  # (B, S, Dk)
+        v = torch.randn(num_queries, S, Dv, generator=g, dtype=torch.float64)  # (B, S, Dv)
         for variant, scale in (("scaled", 1.0 / math.sqrt(Dk)), ("unscaled", 1.0)):
             q = q0.clone().requires_grad_(True)
-            scores = q @ k.transpose(-2, -1) * scale  # (N, 1, Dk) @ (N, Dk, S) -> (N, 1, S)
+            scores = q @ k.transpose(-2, -1) * scale  # (B, 1, Dk) @ (B, Dk, S) -> (B, 1, S)
             scores.retain_grad()
-            weights = torch.softmax(scores, dim=-1)  # (N, 1, S)
-            z = weights @ v  # (N, 1, S) @ (N, S, Dv) -> (N, 1, Dv)
-            loss = 0.5 * ((z[:, 0] - v[:, 0]) ** 2).sum(dim=-1)  # (N,): one loss per query, j* = 0
+            weights = torch.softmax(scores, dim=-1)  # (B, 1, S)
+            out = weights @ v  # (B, 1, S) @ (B, S, Dv) -> (B, 1, Dv)
+            loss = 0.5 * ((out[:, 0] - v[:, 0]) ** 2).sum(dim=-1)  # (B,): one squared error per query, j* = 0
             loss.sum().backward()
-            w = weights.detach()[:, 0]  # (N, S)
+            w = weights.detach()[:, 0]  # (B, S)
+            top_two = scores.detach()[:, 0].topk(2, dim=-1).values  # (B, 2): the two largest scores
             stats["entropy"][variant].append(attention_entropy(w).mean().item())
             stats["max"][variant].append(w.amax(dim=-1).mean().item())
+            stats["gap"][variant].append((top_two[:, 0] - top_two[:, 1]).median().item())
             stats["right"][variant].append(w[:, 0].median().item())
             stats["grad"][variant].append(scores.grad[:, 0].norm(dim=-1).mean().item())
             stats["grad_q"][variant].append(q.grad[:, 0].norm(dim=-1).mean().item())
-            q_norms = q.grad[:, 0].norm(dim=-1)  # (N,)
+            q_norms = q.grad[:, 0].norm(dim=-1)  # (B,)
             stats["grad_q_median"][variant].append(q_norms.median().item())
-            split = w.topk(2, dim=-1).values[:, 1] > 0.01  # (N,): weight shared by at least two keys
+            split = w.topk(2, dim=-1).values[:, 1] > 0.01  # (B,): weight shared by at least two keys
             stats["split"][variant].append(split.double().mean().item())
             stats["split_share"][variant].append((q_norms[split].sum() / q_norms.sum()).item())
-    return Saturation(d_ks=list(d_ks), entropy=stats["entropy"], max_weight=stats["max"],
+    return Saturation(Dks=list(Dks), entropy=stats["entropy"], max_weight=stats["max"], score_gap=stats["gap"],
                       right_weight=stats["right"], grad_norm=stats["grad"], grad_query=stats["grad_q"],
                       grad_query_median=stats["grad_q_median"], split_fraction=stats["split"],
-                      split_grad_share=stats["split_share"], num_keys=num_keys)
+                      split_grad_share=stats["split_share"], S=S)
 
 
 # ---------------------------------------------------------------------------
@@ -196,7 +211,7 @@ class RecallConfig:
     num_pairs: int = 16  # S: (key, value) pairs per example; the query asks for one of them
     num_keys: int = 64  # key vocabulary; the keys of one example are distinct
     num_values: int = 64  # value vocabulary = number of classes; chance loss ln 64 = 4.16
-    d_model: int = 32  # width of the token embeddings
+    D: int = 32  # model width: the width of the token embeddings
     batch_size: int = 64  # examples per training step
     steps: int = 150  # training steps
     lr: float = 3e-3  # Adam learning rate
@@ -229,19 +244,19 @@ class RecallModel(torch.nn.Module):
 
     def __init__(self, config: RecallConfig, scale: float) -> None:
         super().__init__()
-        self.key_embedding = torch.nn.Embedding(config.num_keys, config.d_model)
-        self.value_embedding = torch.nn.Embedding(config.num_values, config.d_model)
-        self.q_proj = torch.nn.Linear(config.d_model, config.Dk)
-        self.k_proj = torch.nn.Linear(config.d_model, config.Dk)
-        self.v_proj = torch.nn.Linear(config.d_model, config.Dv)
+        self.key_embedding = torch.nn.Embedding(config.num_keys, config.D)
+        self.value_embedding = torch.nn.Embedding(config.num_values, config.D)
+        self.q_proj = torch.nn.Linear(config.D, config.Dk)
+        self.k_proj = torch.nn.Linear(config.D, config.Dk)
+        self.v_proj = torch.nn.Linear(config.D, config.Dv)
         self.out_proj = torch.nn.Linear(config.Dv, config.num_values)
         self.scale = scale
 
     def project(self, keys: torch.Tensor, values: torch.Tensor, query: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, 1, Dk), k (B, S, Dk), v (B, S, Dv) of a batch."""
-        pairs = self.key_embedding(keys) + self.value_embedding(values)  # (B, S, d_model)
-        q = self.q_proj(self.key_embedding(query))[:, None, :]  # (B, d_model) -> (B, 1, Dk)
+        pairs = self.key_embedding(keys) + self.value_embedding(values)  # (B, S, D)
+        q = self.q_proj(self.key_embedding(query))[:, None, :]  # (B, D) -> (B, 1, Dk)
         return q, self.k_proj(pairs), self.v_proj(pairs)  # (B, 1, Dk), (B, S, Dk), (B, S, Dv)
 
     def forward(self, keys: torch.Tensor, values: torch.Tensor, query: torch.Tensor,
@@ -268,10 +283,10 @@ def attention_stats(model: RecallModel, batch: tuple[torch.Tensor, ...]) -> Atte
     """``AttentionStats`` of ``model`` on ``batch`` = (keys, values, query, target)."""
     keys, values, query, _ = batch
     with torch.no_grad():
-        q, k, _ = model.project(keys, values, query)  # (N, 1, Dk), (N, S, Dk)
-        scores = q @ k.transpose(-2, -1) * model.scale  # (N, 1, Dk) @ (N, Dk, S) -> (N, 1, S)
-        weights = torch.softmax(scores, dim=-1)[:, 0]  # (N, S)
-        right = weights[keys == query[:, None]]  # (N,): weight on the asked pair (keys are distinct)
+        q, k, _ = model.project(keys, values, query)  # (B, 1, Dk), (B, S, Dk)
+        scores = q @ k.transpose(-2, -1) * model.scale  # (B, 1, Dk) @ (B, Dk, S) -> (B, 1, S)
+        weights = torch.softmax(scores, dim=-1)[:, 0]  # (B, S)
+        right = weights[keys == query[:, None]]  # (B,): weight on the asked pair (keys are distinct)
     return AttentionStats(query_norm=q.norm(dim=-1).mean().item(), key_norm=k.norm(dim=-1).mean().item(),
                           score_std=scores.std().item(), max_weight=weights.amax(dim=-1).mean().item(),
                           right_weight=right.mean().item())

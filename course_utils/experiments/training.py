@@ -10,8 +10,11 @@ Typical use in a notebook::
     attn = run_length_experiment(config, decoder="attention")
     plain.accuracy[20], attn.accuracy[20]
 
-Everything is deterministic given ``config.seed`` and ``config.num_threads``
-(the CPU kernels' summation order depends on the thread count).
+On one machine, everything is deterministic given ``config.seed`` and
+``config.num_threads`` (the CPU kernels' summation order depends on the thread
+count). Another CPU, or MKL on another code path, can change the last bits,
+and training grows them into different accuracies (see
+``course_utils/core/portable.py``).
 """
 
 from __future__ import annotations
@@ -138,11 +141,11 @@ def exact_match(model: Seq2Seq, data: Batch, batch_size: int = 512) -> torch.Ten
 
     Args:
         model: A trained model.
-        data: Encoded pairs, ``N`` rows.
+        data: Encoded pairs, one row per pair.
         batch_size: Rows decoded at once.
 
     Returns:
-        Bool tensor ``(N,)``.
+        Bool tensor with one entry per row of ``data``.
     """
     model.eval()
     correct = []
