@@ -62,6 +62,7 @@ from course_utils.blocks.transformer import (
     TransformerEncoderBlock,
     TransformerSeq2Seq,
     block_from_torch,
+    is_pre_ln,
     layer_norm,
     residual,
 )
@@ -118,6 +119,7 @@ __all__ = [
     "TransformerEncoderBlock",
     "TransformerSeq2Seq",
     "block_from_torch",
+    "is_pre_ln",
     "StackRun",
     "WarmupConfig",
     "train_reversal_stack",

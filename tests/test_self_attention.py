@@ -199,7 +199,7 @@ def test_fit_slope_recovers_a_known_slope():
 
 def test_unscaled_softmax_saturates_and_the_right_key_loses_its_gradient():
     sat = scaling.softmax_saturation([4, 64, 1024], num_queries=128)
-    assert sat.Dks == sat.d_ks == [4, 64, 1024] and sat.S == sat.num_keys == 16  # old names: plot_saturation
+    assert sat.Dks == [4, 64, 1024] and sat.S == 16
     assert sat.entropy["unscaled"][0] > sat.entropy["unscaled"][1] > sat.entropy["unscaled"][2]
     assert sat.score_gap["unscaled"][-1] > 10 > 0.5 > max(sat.score_gap["scaled"])  # gaps grow like sqrt(Dk) unscaled
     assert sat.max_weight["unscaled"][-1] > 0.9 and max(sat.max_weight["scaled"]) < 0.35

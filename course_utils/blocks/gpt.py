@@ -13,6 +13,9 @@ notebook 03's ``scaled_dot_product_attention``. What is new:
 * ``GPT``: token and learned position embeddings, causal pre-LN blocks, a final
   LayerNorm and an output layer tied to the token embedding (Radford et al.
   2019; Press & Wolf 2017, arXiv:1608.05859).
+* ``next_token_loss``: the cross-entropy of every next token, targets = inputs shifted by one.
+* ``filter_logits`` and ``generate``: greedy, temperature, top-k and top-p
+  sampling (Holtzman et al. 2020, arXiv:1904.09751), with or without the cache.
 
 Masks are boolean, True = may attend, as everywhere in the course.
 Shapes: B batch, T new positions (queries), P cached positions, S = P + T keys,
@@ -272,7 +275,7 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
         drop_sorted = before >= top_p  # (..., V); the first token has before = 0 < p and stays
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to the vocabulary's order
         logits = logits.masked_fill(drop, float("-inf"))  # (..., V)
-    return logits
+    return logits  # (..., V): the kept logits unchanged, the others -inf
 
 
 @torch.no_grad()

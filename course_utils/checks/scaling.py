@@ -93,7 +93,8 @@ def check_attention_entropy(fn: Callable[[torch.Tensor], Any], seed: int = 0, B:
         (): "a single number: return one entropy per query, (B, T)",
     }
     check_close(got, expected, name="entropies", shape="B T", dims={"B": B, "T": T}, hints=hints,
-                suspects=suspects, hint="none of the usual mistakes: compare each term with the exercise's formula")
+                suspects=suspects, hint="it is none of the usual mistakes: compare each term with the exercise's formula, and check "
+                     "what the masked keys (weight 0) contribute")
     (grad,) = _gradients(fn, (weights,), torch.ones(B, T), name="attention_entropy", what="the entropies",
                          input_names=("the weights",),
                          not_finite=" at the weights that are exactly 0: the backward pass still goes through "
@@ -143,7 +144,7 @@ def check_scaled_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: i
         (B, H, T, Dh): "that is the shape of q: the dot product sums over Dh",
     }
     check_close(got, expected, name="scores", shape="B H T S", dims={"B": B, "H": H, "T": T, "S": S}, hints=hints,
-                suspects=suspects, hint="none of the usual mistakes: check the product and the scale separately")
+                suspects=suspects, hint="it is none of the usual mistakes: check the product and the scale separately")
     upstream = torch.randn(B, H, T, S, generator=g)
     grad_q, grad_k = _gradients(fn, (q, k), upstream, name="scaled_scores", what="the scores",
                                 input_names=("q", "k"))
@@ -213,7 +214,7 @@ def check_attention_scale(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor
                 expected / Dk**0.5,
         }
         check_close(out, expected, name=f"out{label}", shape="B H T Dv", dims=dims, suspects=suspects,
-                    hint="none of the usual wrong scales: check the softmax's dimension and what enters it")
+                    hint="it is none of the usual wrong scales: check the softmax's dimension and what enters it")
     _gradients(fn, (q, k, v), torch.randn(B, H, T, Dv, generator=g), name="attention", what="the outputs",
                input_names=("q", "k", "v"))
     passed("attention scale")

@@ -264,10 +264,10 @@ def plot_saturation(saturation: Any) -> Figure:
     """
     fig = Figure(figsize=(10.0, 3.3))
     axes = fig.subplots(1, 3)
-    d_ks = saturation.d_ks
-    uniform = [float(np.log(saturation.num_keys))] * len(d_ks)
+    d_ks = saturation.Dks
+    uniform = [float(np.log(saturation.S))] * len(d_ks)
     plot_lines(d_ks, saturation.entropy, "key width $D_k$", "entropy (nats)", title="entropy of the weights", logx=True,
-               reference=(f"uniform, ln {saturation.num_keys}", uniform), ax=axes[0])
+               reference=(f"uniform, ln {saturation.S}", uniform), ax=axes[0])
     plot_lines(d_ks, saturation.max_weight, "key width $D_k$", "largest weight", title="largest weight", logx=True,
                ax=axes[1])
     plot_lines(d_ks, saturation.grad_norm, "key width $D_k$", "‖∂L/∂e‖", title="gradient through the softmax",

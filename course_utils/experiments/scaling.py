@@ -130,16 +130,6 @@ class Saturation:
     split_grad_share: dict[str, list[float]]  # share of the summed ||dL/dq|| that comes from those queries
     S: int  # keys per query; uniform weights have entropy ln(S)
 
-    @property
-    def d_ks(self) -> list[int]:
-        """The old name of ``Dks``, still read by ``plotting.plot_saturation``."""
-        return self.Dks
-
-    @property
-    def num_keys(self) -> int:
-        """The old name of ``S``, still read by ``plotting.plot_saturation``."""
-        return self.S
-
 
 def softmax_saturation(Dks: Sequence[int], S: int = 16, num_queries: int = 256, Dv: int = 16,
                        seed: int = 0) -> Saturation:
