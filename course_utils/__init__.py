@@ -13,10 +13,10 @@ the layers below it (import-linter checks this in the test suite):
                   and ``data`` and ``plotting`` at the bottom; above them one
                   module per experiment (``training`` 01-02 and 07, ``embeddings``
                   03, ``scaling`` 04, ``neighbours`` 05, ``order`` 06,
-                  ``deep_stacks`` 07, ``efficiency`` 08).
+                  ``deep_stacks`` 07, ``efficiency`` 08, ``language_model`` 09).
     blocks        the models: ``masks``, ``attention`` (00, 03, 04),
                   ``scorers`` and ``seq2seq`` (01, 02), ``positional`` (06),
-                  ``multihead`` (05), ``transformer`` (07).
+                  ``multihead`` (05), ``transformer`` (07), ``gpt`` (09).
     core          ``errors``, ``portable`` (pinned CPU code paths),
                   ``reproducibility`` (``setup``, ``error_bound``).
 
