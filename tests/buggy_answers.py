@@ -152,7 +152,7 @@ BUGGY = {
             "    logits = model(tokens[:, :-1])\n"
             "    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, :-1].reshape(-1))\n"
         ),
-        # top-p drops the token that carries the sum past p (and, for a small p, every token)
+        # top-p drops the boundary token (and, for a small p, every token)
         "filter_logits": (
             "def filter_logits(logits, top_k=None, top_p=None):\n"
             "    if top_k is not None:\n"

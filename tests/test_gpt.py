@@ -246,7 +246,7 @@ def _no_scatter_top_k(logits, top_k=None, top_p=None):
 
 FILTER_BUGS = [
     (_filter(keep_crossing=False, at_least_one=False), "removed every token"),
-    (_filter(keep_crossing=False), "carries the sum past p"),
+    (_filter(keep_crossing=False), "boundary token was dropped"),
     (_filter(largest=False), "least likely"),
     (_no_scatter_top_k, "vocabulary's order"),
     (_filter(off_by_one=True), "off by one"),

@@ -9,10 +9,12 @@ notebook 03's ``scaled_dot_product_attention``. What is new:
   G = 1 multi-query attention (Shazeer 2019, arXiv:1911.02150).
 * ``attend_with_cache``: the new positions' keys and values are appended to a
   cache of the earlier ones, so decoding computes each key and value once
-  (Pope et al. 2022, arXiv:2211.05102).
+  (incremental decoding as written out by Shazeer 2019, section 2.4; its memory
+  at scale is analysed by Pope et al. 2022, arXiv:2211.05102).
 * ``GPT``: token and learned position embeddings, causal pre-LN blocks, a final
   LayerNorm and an output layer tied to the token embedding (Radford et al.
-  2019; Press & Wolf 2017, arXiv:1608.05859).
+  2019; Press & Wolf 2017, arXiv:1608.05859); dropout 0.1 and the N(0, 0.02)
+  initialisation as in GPT-1 (Radford et al. 2018).
 * ``next_token_loss``: the cross-entropy of every next token, targets = inputs shifted by one.
 * ``filter_logits`` and ``generate``: greedy, temperature, top-k and top-p
   sampling (Holtzman et al. 2020, arXiv:1904.09751), with or without the cache.
@@ -168,7 +170,7 @@ class GPTConfig:
     num_heads: int = 4  # H
     num_groups: int | None = None  # G key/value groups; None = H (multi-head), 1 = multi-query
     num_layers: int = 3  # blocks
-    d_ff: int = 512  # hidden width of the feed-forward network, 4D as in GPT-2
+    d_ff: int = 512  # D_ff, hidden width of the feed-forward network, 4D as in GPT-2
     dropout: float = 0.1  # on the embeddings and every sublayer's output (training only)
 
 
@@ -177,20 +179,20 @@ class GPT(nn.Module):
 
     Token embedding plus a learned position embedding, dropout, ``num_layers``
     causal pre-LN blocks, a final LayerNorm, and an output layer that reuses the
-    token embedding matrix (weight tying, Press & Wolf 2017): logits = h E^T.
+    token embedding matrix (weight tying, Press & Wolf 2017): logits = LN(x) W_tok^T.
     """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)  # E, (V, D)
-        self.position_embedding = nn.Embedding(config.max_len, config.d_model)  # (max_len, D)
+        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)  # W_tok, (V, D)
+        self.position_embedding = nn.Embedding(config.max_len, config.d_model)  # W_pos, (max_len, D)
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(
             GPTBlock(config.d_model, config.num_heads, config.d_ff, config.num_groups, config.dropout)
             for _ in range(config.num_layers))
         self.final_norm = LayerNorm(config.d_model)
-        for name, p in self.named_parameters():  # GPT-2's initialisation
+        for name, p in self.named_parameters():  # N(0, 0.02) as in GPT-1; the 1/sqrt(2L) scaling is GPT-2's
             if p.dim() == 2:
                 std = 0.02 / (2 * config.num_layers) ** 0.5 if name.endswith(("out_proj.weight", "linear2.weight")) else 0.02
                 nn.init.normal_(p, std=std)  # the projections into the residual stream get less

@@ -68,7 +68,8 @@ def check_next_token_loss(fn: Callable[..., Any], seed: int = 0, B: int = 3, T: 
                          "loss.backward() can train the model")
     check_tensor(got, name="the loss", shape="", dims={}, dtype=torch.float32)
     check_close(got.detach(), expected.detach(), name="the loss", suspects=suspects,
-                hint="read tokens[:, :-1], score position i against token i + 1, average over every prediction")
+                hint="the value differs: check which tokens the model reads, which token each position is scored "
+                     "against, and how you average")
     if got.grad_fn is None:
         raise CheckError("the loss has no gradient: it was detached from the model (torch.no_grad, .detach(), "
                          ".item() or a tensor rebuilt from numbers)")
@@ -131,8 +132,7 @@ def _check_filter_case(fn: Callable[..., Any], logits: torch.Tensor, top_k: int 
     rows_keep, rows_got = keep.reshape(-1, shape[-1]), got_keep.reshape(-1, shape[-1])
     if (rows_got.sum(-1) == 0).any():
         raise CheckError(f"filter_logits({what}) removed every token of a row, so nothing can be sampled: the most "
-                         "likely token always stays (for top-p: a token stays if the tokens ranked above it "
-                         "sum to less than p)")
+                         "likely token always stays")
     if not torch.equal(keep, got_keep):
         row = int((rows_keep != rows_got).any(-1).nonzero()[0])
         n_want, n_got = int(rows_keep[row].sum()), int(rows_got[row].sum())
@@ -143,8 +143,7 @@ def _check_filter_case(fn: Callable[..., Any], logits: torch.Tensor, top_k: int 
             hint = ("the right number of tokens, but not the most likely ones: did you return the sorted logits "
                     "without putting them back in the vocabulary's order (scatter)?")
         elif top_p is not None and n_got == n_want - 1:
-            hint = ("the token whose probability carries the sum past p was removed: it stays, since the tokens "
-                    "above it sum to less than p")
+            hint = "the boundary token was dropped: the kept set must reach a probability of at least p"
         elif top_p is not None and top_k is not None:
             hint = ("with both, top-k acts first and top-p works on the softmax of the logits that are left "
                     "(renormalised), not on the original distribution")
@@ -152,7 +151,8 @@ def _check_filter_case(fn: Callable[..., Any], logits: torch.Tensor, top_k: int 
             hint = "top-p sums probabilities (the softmax of the logits), in descending order"
         else:
             hint = "keep exactly the k largest logits: is the comparison off by one?"
-        raise CheckError(f"filter_logits({what}): row {row} keeps {n_got} token(s), expected {n_want}: {hint}")
+        amount = "too many" if n_got > n_want else ("too few" if n_got < n_want else "the wrong")
+        raise CheckError(f"filter_logits({what}): row {row} keeps {amount} tokens: {hint}")
     check_close(got.masked_fill(~got_keep, 0.0), expected.masked_fill(~keep, 0.0), name=f"filter_logits({what})",
                 hint="the kept tokens must keep their logits unchanged (no softmax, no renormalising: "
                      "sampling applies the softmax afterwards)")
