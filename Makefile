@@ -9,7 +9,7 @@
 #   make test-cpus check that compared outputs hold with MKL on another code path (another CPU)
 #   make data      regenerate the committed splits in data/ (deterministic)
 #   make release   write the student version (no solutions) to build/release
-#   make grade     autograde SUBMISSIONS=folder (one sub-folder per student)
+#   make grade     autograde SUBMISSIONS=folder (one sub-folder per student); MARKS=file adds hand marks
 #   make site      render the executed notebooks to a static HTML site in build/site (offline)
 #   make slides    turn the notebooks into reveal.js decks in build/slides
 #   make browser-test  run notebook 00 in JupyterLab in headless Chromium (needs apt's chromium)
@@ -81,7 +81,7 @@ release: setup
 	$(BIN)/python -m course_utils.tooling.grading release --out build/release
 
 grade: setup
-	$(BIN)/python -m course_utils.tooling.grading autograde $(SUBMISSIONS)
+	$(BIN)/python -m course_utils.tooling.grading autograde $(SUBMISSIONS) $(if $(MARKS),--marks $(MARKS),)
 
 site: setup
 	$(BIN)/python -m course_utils.tooling.site --out build/site

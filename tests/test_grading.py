@@ -23,7 +23,7 @@ import pytest
 from buggy_answers import BUGGY
 from conftest import NOTEBOOKS, ROOT
 from course_utils.experiments import loop
-from course_utils.tooling import grading
+from course_utils.tooling import grading, written
 
 SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
 HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
@@ -73,14 +73,22 @@ def test_release_has_no_solutions_no_hidden_tests_no_outputs(path, released):
     leaked = sorted(line for line in secret_lines if line in release_code)
     assert not leaked, f"solution or hidden-test lines left in the student release: {leaked}"
     assert all(not c.get("outputs") for c in release_nb.cells if c.cell_type == "code"), "the release has outputs"
-    stubs = [c for c in release_nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+    stubs = [c for c in release_nb.cells if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"]
     assert stubs and all("raise NotImplementedError()" in c.source for c in stubs)
+    # the written question: its answer cell (model answer and rubric) is replaced by a stub
+    rubrics = [c.source for c in instructor.cells if written.is_written(c)]
+    answer_cells = [c.source for c in release_nb.cells if written.is_written(c)]
+    assert rubrics and answer_cells == [written.STUB] * len(rubrics), "the release keeps each written-answer cell, empty"
+    rubric_lines = {line.strip() for text in rubrics for line in text.splitlines() if len(line.strip()) > 20}
+    release_text = "\n".join(c.source for c in release_nb.cells)
+    assert not [line for line in rubric_lines if line in release_text], "a line of a model answer or rubric is in the release"
 
 
 def test_every_exercise_has_a_known_buggy_answer():
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
-        solutions = {c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")}
+        solutions = {c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+                     if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"}
         assert solutions == set(BUGGY.get(path.stem, {})), f"tests/buggy_answers.py must cover every exercise of {path.name}"
 
 

@@ -17,6 +17,8 @@ import nbformat
 import pytest
 
 import course_utils
+from course_utils.checks import hints
+from course_utils.tooling import written
 
 from conftest import NOTEBOOKS
 
@@ -113,7 +115,8 @@ def test_skeleton(path):
 def test_exercises_are_graded_and_followed_by_the_reference(path):
     """Each solution cell has a graded test cell after it; then the notebook goes on with course_utils."""
     cells = _read(path).cells
-    solutions = [i for i, c in enumerate(cells) if c.metadata.get("nbgrader", {}).get("solution")]
+    solutions = [i for i, c in enumerate(cells) if c.metadata.get("nbgrader", {}).get("solution")
+                 and c.cell_type == "code"]
     assert solutions, "each notebook has graded exercises"
     for i in solutions:
         grade_id = cells[i].metadata["nbgrader"]["grade_id"]
@@ -125,6 +128,52 @@ def test_exercises_are_graded_and_followed_by_the_reference(path):
         assert re.search(r"check_\w+\(", test.source.split("### BEGIN HIDDEN TESTS")[0]), f"{grade_id}: visible tests use a checker"
         fallback = cells[i + 2].source
         assert re.search(rf"^{grade_id} = [\w.]+", fallback, re.M), f"{grade_id}: the cell after the test switches to the reference"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_one_written_question_graded_by_hand_with_a_rubric(path):
+    """One written question per notebook, after the exercises, with a model answer and a rubric for the marker."""
+    cells = _read(path).cells
+    answers = [i for i, c in enumerate(cells) if written.is_written(c)]
+    assert len(answers) == 1, f"one hand-graded written answer cell (markdown, nbgrader solution + grade), found {len(answers)}"
+    i = answers[0]
+    meta = cells[i].metadata["nbgrader"]
+    assert meta["grade_id"].startswith("written_") and meta.get("points", 0) > 0 and not meta.get("locked")
+    assert meta["grade_id"] not in {m["grade_id"] for c in cells[:i] + cells[i + 1:]
+                                    for m in [c.metadata.get("nbgrader", {})] if "grade_id" in m}
+    assert not written.check_answer_cell(cells[i].source), (
+        f"the answer cell needs {' and '.join(written.check_answer_cell(cells[i].source))}")
+    question = cells[i - 1]
+    assert question.cell_type == "markdown" and question.source.startswith("### Question"), (
+        "the cell before the answer asks the question, under a '### Question' heading")
+    assert f"{meta['points']:g} point" in question.source, "the question says what it is worth"
+    headings = [(j, c.source) for j, c in enumerate(cells) if c.cell_type == "markdown"]
+    exercises_at = next(j for j, src in headings if src.startswith("## Exercises"))
+    pitfalls_at = next(j for j, src in headings if src.startswith("## Common pitfalls"))
+    assert exercises_at < i < pitfalls_at, "the written question belongs to the Exercises section"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_every_exercise_has_hints_in_steps_that_stop_short_of_the_solution(path):
+    """``hint("name")`` gives at least three steps for every exercise, and no step contains a line of its solution."""
+    cells = _read(path).cells
+    solutions = {c.metadata["nbgrader"]["grade_id"]: c.source for c in cells
+                 if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"}
+    known = {name: h for name, h in hints.all_hints().items() if h.notebook == path.stem}
+    assert set(known) == set(solutions), (f"course_utils/checks/hint_texts/{path.stem}.toml must have hints for exactly the exercises "
+                                          f"of {path.stem}: missing {sorted(set(solutions) - set(known))}, "
+                                          f"unknown {sorted(set(known) - set(solutions))}")
+    for name, source in solutions.items():
+        steps = known[name].steps
+        assert len(steps) >= 3, f"{name}: at least three hints, from a nudge to one just short of the solution"
+        answer = source.split("### BEGIN SOLUTION")[1].split("### END SOLUTION")[0]
+        lines = {re.sub(r"\s+", "", line.split("#")[0]) for line in answer.splitlines()}
+        lines = {line for line in lines if len(line) >= 12}
+        text = re.sub(r"\s+", "", "\n".join(steps))
+        leaked = sorted(line for line in lines if line in text)
+        assert not leaked, f"{name}: a hint gives away a line of the solution: {leaked}"
+    exercises_text = "\n".join(c.source for c in cells if c.cell_type == "markdown")
+    assert "hint(" in exercises_text, "the Exercises section tells the learner how to ask for a hint"
 
 
 # --- a concept is written once: notebook code == course_utils code -----------

@@ -53,6 +53,7 @@ import nbformat
 import nbformat.reader
 
 from course_utils.tooling.submissions import Result, assemble, find_submissions, static_flags
+from course_utils.tooling import written as written_questions
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -92,6 +93,12 @@ def exercises(notebook: Path) -> list[Exercise]:
         if meta.get("grade") and cell.cell_type == "code":
             found.append(Exercise(notebook.stem, meta["grade_id"], float(meta["points"])))
     return found
+
+
+def _gradable(notebook: Path) -> list[Exercise]:
+    """Every graded item of a notebook: the autograded test cells, then the written questions."""
+    return exercises(notebook) + [Exercise(notebook.stem, q.grade_id, q.points)
+                                  for q in written_questions.questions(notebook)]
 
 
 _SANDBOXED_EXECUTE = None
@@ -272,6 +279,7 @@ def autograde(
     course: Path = BUILD / "grading",
     timeout: int = DEFAULT_TIMEOUT,
     expected: list[str] | None = None,
+    marks: Path | None = None,
 ) -> list[Result]:
     """Autograde every student's notebooks in a folder of submissions.
 
@@ -283,13 +291,17 @@ def autograde(
         expected: Notebook stems every student should have submitted (default:
             every notebook that any student submitted); each one a student
             lacks gets a MISSING result.
+        marks: A marks file for the written questions (``course_utils.tooling.written``);
+            without it every written answer is "to mark". Marking sheets are
+            written to ``course/written/`` either way.
 
     Returns:
         One ``Result`` per (student, notebook), sorted by student then notebook.
 
     Raises:
         FileNotFoundError: If ``submissions`` is not a folder.
-        ValueError: If ``expected`` names a notebook that is not in the course.
+        ValueError: If ``expected`` names a notebook that is not in the course,
+            or the marks file names an unknown question or gives impossible points.
         sandbox.SandboxUnavailable: If bubblewrap is missing (student code never runs outside the sandbox).
     """
     from course_utils.tooling import sandbox
@@ -315,6 +327,8 @@ def autograde(
     hide = [Path(notebooks_dir).resolve(), Path(course).resolve(), submissions.resolve(), BUILD.resolve()]
     api = build_course([nb for nb in notebooks if nb.stem in needed], course, timeout, hide)
     points = {nb.stem: exercises(nb) for nb in notebooks if nb.stem in needed}
+    asked = {nb.stem: written_questions.questions(nb) for nb in notebooks if nb.stem in needed}
+    hand_marks = written_questions.read_marks(marks, asked) if marks is not None else {}
     for (student, stem), path in sorted(found.items()):
         release_nb = course / "release" / stem / f"{stem}.ipynb"
         size = path.stat().st_size
@@ -332,7 +346,8 @@ def autograde(
         flags = static_flags(submitted, released)
         target = course / "submitted" / student / stem / f"{stem}.ipynb"
         target.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(assemble(submitted, released), target)
+        graded_nb = assemble(submitted, released)
+        nbformat.write(graded_nb, target)
         with _quiet():
             outcome = api.autograde(stem, student, force=True, create=True)
         log = outcome.get("log", "") + outcome.get("error", "")
@@ -346,10 +361,19 @@ def autograde(
                                          f"{course / 'autograded' / student / stem}"))
         else:
             scores, gradebook_flags = _scores(course, stem, student, points[stem])
-            results.append(Result(student, stem, scores=scores, flags=flags + gradebook_flags))
+            unmarked = []
+            for q in asked[stem]:
+                if (student, stem, q.grade_id) in hand_marks:
+                    scores[q.grade_id] = hand_marks[(student, stem, q.grade_id)]
+                else:
+                    unmarked.append(q.grade_id)
+            results.append(Result(student, stem, scores=scores, flags=flags + gradebook_flags,
+                                  written=written_questions.answers(graded_nb), unmarked=unmarked))
             with _quiet():  # the student's copy with a score and a comment under every graded cell
                 api.generate_feedback(stem, student, force=True)
-    return sorted(results, key=lambda r: (r.student, r.notebook))
+    results = sorted(results, key=lambda r: (r.student, r.notebook))
+    written_questions.write_marking_sheets(results, asked, Path(course) / "written", safe=_csv_safe)
+    return results
 
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -367,6 +391,7 @@ def write_grades_csv(results: list[Result], path: Path, notebooks_dir: Path = NO
     """Write the grades in long format: one row per student, notebook and exercise.
 
     Columns: student, notebook, exercise, points, max_points, status, flags.
+    A written question not yet marked by hand has an empty ``points`` cell.
     A submission that could not be graded has one row with exercise "-" and
     status "FAILED: <reason>" (or "MISSING: ..."). ``flags`` lists what a human
     should look at, separated by "; ". Every cell that a spreadsheet would read
@@ -385,9 +410,10 @@ def write_grades_csv(results: list[Result], path: Path, notebooks_dir: Path = NO
             if r.failed:
                 writer.writerow([_csv_safe(v) for v in (r.student, r.notebook, "-", "", "", r.status, flags)])
                 continue
-            for ex in exercises(known[r.notebook]):
-                writer.writerow([_csv_safe(v) for v in (r.student, r.notebook, ex.grade_id,
-                                                        f"{r.scores.get(ex.grade_id, 0.0):g}", f"{ex.points:g}",
+            for ex in _gradable(known[r.notebook]):
+                score = r.scores.get(ex.grade_id)
+                shown = "" if score is None and ex.grade_id in r.unmarked else f"{score or 0.0:g}"
+                writer.writerow([_csv_safe(v) for v in (r.student, r.notebook, ex.grade_id, shown, f"{ex.points:g}",
                                                         r.status, flags)])
     return Path(path)
 
@@ -417,15 +443,17 @@ def format_table(results: list[Result], notebooks_dir: Path = NOTEBOOKS) -> str:
         by_notebook.setdefault(r.notebook, []).append(r)
     known = {nb.stem: nb for nb in course_notebooks(notebooks_dir)}
     for stem, rows in sorted(by_notebook.items()):
-        exs = exercises(known[stem]) if stem in known else []
+        exs = _gradable(known[stem]) if stem in known else []
         headers = ["student"] + [ex.grade_id for ex in exs] + ["total", "status"]
         table = []
         for r in rows:
             if r.failed:
                 cells = ["-"] * len(exs) + ["-", r.status]
             else:
-                cells = [f"{r.scores.get(ex.grade_id, 0):g}/{ex.points:g}" for ex in exs]
-                cells += [f"{r.total:g}/{sum(ex.points for ex in exs):g}", "graded"]
+                cells = [f"to mark/{ex.points:g}" if ex.grade_id in r.unmarked else
+                         f"{r.scores.get(ex.grade_id, 0):g}/{ex.points:g}" for ex in exs]
+                cells += [f"{r.total:g}/{sum(ex.points for ex in exs):g}" + (" so far" if r.unmarked else ""),
+                          r.status]
             if r.flags:
                 cells[-1] += "  FLAGGED: " + "; ".join(r.flags)
             table.append([r.student] + cells)
@@ -447,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT, help="seconds allowed per cell")
     grade.add_argument("--notebooks", nargs="*", default=None, metavar="STEM",
                        help="notebooks every student must submit (default: every notebook anyone submitted)")
+    grade.add_argument("--marks", type=Path, default=None,
+                       help="marks for the written questions (a filled-in copy of build/grading/written/marks-template.csv)")
     args = parser.parse_args(argv)
     if args.command == "release":
         for path in release(args.out):
@@ -459,8 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     from course_utils.tooling.sandbox import SandboxUnavailable
 
     try:
-        results = autograde(args.submissions, timeout=args.timeout, expected=args.notebooks)
-    except (SandboxUnavailable, ValueError) as exc:
+        results = autograde(args.submissions, timeout=args.timeout, expected=args.notebooks, marks=args.marks)
+    except (SandboxUnavailable, ValueError, FileNotFoundError) as exc:
         print(f"cannot grade: {exc}", file=sys.stderr)
         return 2
     if not results:
@@ -471,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"grades (one row per student, notebook and exercise): {grades}")
     print(f"feedback for each student (HTML): {BUILD / 'grading' / 'feedback'}")
     print(f"autograded notebooks: {BUILD / 'grading' / 'autograded'}")
+    if any(r.unmarked for r in results):
+        print(f"written answers to mark by hand: {BUILD / 'grading' / 'written'} (marking sheets and "
+              "marks-template.csv; fill it in, save it outside build/, and grade again with MARKS=file)")
     return 0
 
 

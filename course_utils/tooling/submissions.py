@@ -31,6 +31,8 @@ class Result:
     flags: list[str] = field(default_factory=list)  # what a human should look at (static look, gradebook)
 
     missing: bool = False  # the student submitted no file for this notebook
+    written: dict[str, str] = field(default_factory=dict)  # grade_id -> the student's written answer
+    unmarked: list[str] = field(default_factory=list)  # written questions not yet marked by hand
 
     @property
     def total(self) -> float:
@@ -41,7 +43,9 @@ class Result:
         """"graded", "MISSING: <what>" or "FAILED: <reason>"."""
         if self.missing:
             return f"MISSING: {self.failed}"
-        return f"FAILED: {self.failed}" if self.failed else "graded"
+        if self.failed:
+            return f"FAILED: {self.failed}"
+        return "graded; to mark by hand: " + ", ".join(self.unmarked) if self.unmarked else "graded"
 
 
 def find_submissions(submissions: Path, names: set[str]
