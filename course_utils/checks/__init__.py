@@ -18,6 +18,7 @@ the module named after its topic (``orientation`` for 00, ``bottleneck`` for
 checker is tested against known-buggy answers in ``tests/test_checks.py``.
 """
 
+from course_utils.checks.hints import hint
 from course_utils.checks.core import (
     describe,
     call,
@@ -78,6 +79,7 @@ from course_utils.core.errors import CheckError
 
 
 __all__ = [
+    "hint",
     "CheckError",
     "call",
     "check_additive_scores",
