@@ -2,7 +2,7 @@
 
 The block between the BEGIN/END GENERATED markers of the guide is rendered from
 the notebooks themselves (title, learning objectives, graded exercises and their
-points) and from the README's syllabus table (measured CPU minutes).
+points, the written question) and from the README's syllabus table (measured CPU minutes).
 ``python -m course_utils.tooling.guide`` rewrites it; a test fails when it is stale.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 
+from course_utils.tooling import written
 from course_utils.tooling.grading import course_notebooks, exercises
 from course_utils.tooling.site import syllabus
 
@@ -42,6 +43,10 @@ def render(notebooks_dir: Path = ROOT / "notebooks") -> str:
         lines += [f"* {objective}" for objective in _objectives(nb)]
         lines += ["", "Graded exercises (nbgrader `grade_id`, points):", ""]
         lines += [f"* `{e.grade_id}`: {e.points:g}" for e in exs]
+        for q in written.questions(path):
+            title = q.prompt.splitlines()[0].lstrip("# ").strip() if q.prompt else q.grade_id
+            lines += ["", f"Written question, graded by hand (`{q.grade_id}`, {q.points:g} points; model answer and "
+                          f"rubric in the answer cell): {title}"]
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
