@@ -10,9 +10,9 @@
 #   make data      regenerate the committed splits in data/ (deterministic)
 #   make release   write the student version (no solutions) to build/release
 #   make grade     autograde SUBMISSIONS=folder (one sub-folder per student); MARKS=file adds hand marks
-#   make site      render the executed notebooks to a static HTML site in build/site (offline)
+#   make site      the executed notebooks as a static web site in build/site (Sphinx + MyST-NB; offline)
 #   make slides    turn the notebooks into reveal.js decks in build/slides
-#   make browser-test  run notebook 00 in JupyterLab in headless Chromium (needs apt's chromium)
+#   make browser-test  notebook 00 in JupyterLab, the site and the slides in headless Chromium (needs apt's chromium)
 
 PYTHON ?= python3.11
 VENV   := .venv
@@ -89,8 +89,8 @@ site: setup
 slides: setup
 	$(BIN)/python -m course_utils.tooling.slides --out build/slides
 
-browser-test: setup
-	$(BIN)/python -m pytest tests/browser_check.py -q
+browser-test: site slides
+	$(BIN)/python -m pytest tests/browser_check.py tests/browser_site_check.py -q
 
 clean:
 	rm -rf build

@@ -1,4 +1,7 @@
-"""`make slides`: one reveal.js deck per notebook, with committed slide breaks, local reveal.js and maths."""
+"""`make slides`: one reveal.js deck per notebook, with committed slide breaks, local reveal.js and maths.
+
+tests/browser_site_check.py (``make browser-test``) visits every slide in a browser.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import pytest
 from course_utils.tooling import slides
 
 from conftest import NOTEBOOKS
+from test_site import NETWORK, WIDGET_VIEW, widget_notebook
 
 
 def test_notebooks_carry_sensible_slide_metadata():
@@ -38,8 +42,19 @@ def test_one_deck_per_notebook_with_local_assets(decks):
         text = deck.read_text(encoding="utf-8")
         assert '"reveal.js/dist/reveal.js"' in text and 'src="require.js"' in text
         assert 'src="mathjax/MathJax.js' in text
-        assert not re.search(r'<(script|link)[^>]+(src|href)="https?://', text), f"{deck.name}: nothing from the network"
+        assert not NETWORK.search(text), f"{deck.name}: loads {NETWORK.search(text)[0]!r} from the network"
         assert text.count("<section") >= 8, f"{deck.name}: has its slides"
+        theme = re.search(r'<link href="(reveal.js/dist/theme/[a-z]+\.css)"', text)
+        assert theme, f"{deck.name}: links a reveal.js theme"
+        theme_css = (out / theme[1]).read_text(encoding="utf-8")
+        assert not NETWORK.search(theme_css), f"{theme[1]} loads fonts from the network"
+
+
+def test_a_widget_output_shows_its_still_image_and_no_widget_javascript():
+    body, _ = slides.exporter().from_notebook_node(widget_notebook())
+    assert re.search(r'<img[^>]+src="data:image/png;base64,', body), "the widget's still image is shown"
+    assert WIDGET_VIEW not in body and "html-manager" not in body, "no widget view, no widget JavaScript"
+    assert not NETWORK.search(body)
 
 
 def test_a_tampered_download_is_rejected(tmp_path):

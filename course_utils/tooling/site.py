@@ -1,40 +1,51 @@
-"""Render the executed notebooks to a static HTML site, offline (``make site``).
+"""The course as a static web site (``make site``): Sphinx, MyST-NB and sphinx-book-theme, built offline.
 
-Every notebook becomes ``build/site/NN_name.html`` with its outputs, links
-between notebooks point at the HTML pages, each page has previous / index /
-next links, and ``index.html`` lists the notebooks in syllabus order with the
-README's concepts, prerequisites and minutes. Maths is rendered by a local copy
-of MathJax 2 (from the ``jupyter-server-mathjax`` package), so the site
-builds and displays without a network. The site is built, not committed.
+The Sphinx configuration is ``docs/site/conf.py``. This module stages its
+sources in ``build/site-src``: the committed notebooks as they are (MyST-NB
+renders their stored outputs and never executes them), an index page with the
+README's syllabus table and a toctree in syllabus order (the README table is
+the one source of the order; ``syllabus`` parses it), and the student version
+of every notebook (made as ``make release`` makes it), which the site publishes
+under ``release/`` and links from each page's download menu. It then runs
+``sphinx-build``. Maths is rendered by a local copy of MathJax 2 (from the
+``jupyter-server-mathjax`` package), so the site builds and displays without a
+network. The site is built, not committed.
 """
 
 from __future__ import annotations
 
 import argparse
-import html
+import os
 import re
 import shutil
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
-from nbconvert import HTMLExporter
-from nbformat.v4 import new_markdown_cell
-
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
+README = ROOT / "README.md"
 SITE_DIR = ROOT / "build" / "site"
-MATHJAX_URL = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"  # configs shipped by jupyter-server-mathjax
-# jupyter-server-mathjax ships the STIX-Web fonts only (no TeX fonts): tell MathJax to use them.
-_MATHJAX_FONTS = """<script type="text/x-mathjax-config">
-MathJax.Hub.Config({"HTML-CSS": {availableFonts: [], preferredFont: null, webFont: "STIX-Web", imageFont: null}});
-</script>
-"""
-_EMPTY_SCRIPT = re.compile(r'<script src="">\s*</script>\n?')
+SOURCE_DIR = ROOT / "build" / "site-src"
+CONF_DIR = ROOT / "docs" / "site"
+RELEASE = "release"  # the student notebooks' folder in the site: build/site/release/NN_name.ipynb
+EXTRA = "_extra"  # staged files Sphinx copies to the site as they are (html_extra_path)
+
+# The lecturer's copy of the repository and JupyterHub, for the launch and repository buttons.
+REPOSITORY_URL_VARIABLE = "COURSE_REPOSITORY_URL"
+REPOSITORY_URL_DEFAULT = "https://github.com/OWNER/attention-course"
+JUPYTERHUB_URL_VARIABLE = "COURSE_JUPYTERHUB_URL"
+JUPYTERHUB_URL_DEFAULT = "https://jupyterhub.example.org"
+
+MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe"  # configs shipped by jupyter-server-mathjax
+# jupyter-server-mathjax ships the STIX-Web fonts only (no TeX fonts): MathJax is told to use them.
+MATHJAX_HUB_CONFIG = {"HTML-CSS": {"availableFonts": [], "preferredFont": None, "webFont": "STIX-Web",
+                                   "imageFont": None}}
+
 _ROW = re.compile(r"^\|\s*\[(?P<title>[^\]]+)\]\(notebooks/(?P<file>[^)]+\.ipynb)\)\s*\|(?P<concepts>[^|]*)\|"
                   r"(?P<prereqs>[^|]*)\|(?P<minutes>[^|]*)\|\s*$")
-_LINK = re.compile(r"\]\((?:notebooks/)?(\d\d_[a-z0-9_]+)\.ipynb\)")
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,7 @@ class Entry:
         return self.file.replace(".ipynb", ".html")
 
 
-def syllabus(readme: Path = ROOT / "README.md") -> list[Entry]:
+def syllabus(readme: Path = README) -> list[Entry]:
     """The syllabus table of README.md, in order."""
     entries = []
     for line in readme.read_text(encoding="utf-8").splitlines():
@@ -64,117 +75,125 @@ def syllabus(readme: Path = ROOT / "README.md") -> list[Entry]:
     return entries
 
 
-def _mathjax_source() -> Path:
+def course_title(readme: Path = README) -> str:
+    """The README's first heading: the course's name."""
+    return readme.read_text(encoding="utf-8").splitlines()[0].removeprefix("# ").strip()
+
+
+def mathjax_source() -> Path:
+    """The MathJax 2 folder of the ``jupyter-server-mathjax`` package (``MathJax.js``, configs, STIX-Web fonts)."""
     import jupyter_server_mathjax
 
     return Path(jupyter_server_mathjax.__file__).parent / "static"
 
 
-def render_offline(exporter: HTMLExporter, nb: nbformat.NotebookNode, title: str, out: Path) -> str:
-    """Export ``nb`` with local MathJax (copied into ``out/mathjax`` once) and no script from a CDN.
-
-    Used by the site and by the slides (``SlidesExporter`` is an ``HTMLExporter``).
-    """
-    if not (out / "mathjax").is_dir():
-        shutil.copytree(_mathjax_source(), out / "mathjax")
-    exporter.mathjax_url = MATHJAX_URL
-    exporter.jquery_url = ""  # not used by the pages
-    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
-    body = body.replace("<!-- Load mathjax -->", _MATHJAX_FONTS + "<!-- Load mathjax -->", 1)
-    return _EMPTY_SCRIPT.sub("", body)  # template slots left empty on purpose (no CDN)
+def launch_urls() -> tuple[str, str]:
+    """(repository URL, JupyterHub URL) for the launch buttons: the environment's, or placeholders."""
+    return (os.environ.get(REPOSITORY_URL_VARIABLE) or REPOSITORY_URL_DEFAULT,
+            os.environ.get(JUPYTERHUB_URL_VARIABLE) or JUPYTERHUB_URL_DEFAULT)
 
 
-def _navigation(entries: list[Entry], i: int) -> str:
-    parts = []
-    if i > 0:
-        parts.append(f"[← {entries[i - 1].title}]({entries[i - 1].page})")
-    parts.append("[index](index.html)")
-    if i + 1 < len(entries):
-        parts.append(f"[{entries[i + 1].title} →]({entries[i + 1].page})")
-    return " · ".join(parts)
+def index_page(entries: list[Entry], title: str) -> str:
+    """The site's front page (MyST markdown): the syllabus table and the toctree, both in syllabus order."""
+    rows = "\n".join(f"| [{e.title}]({e.file}) | {e.concepts} | {e.prerequisites} | {e.minutes} |" for e in entries)
+    toctree = "\n".join(Path(e.file).stem for e in entries)
+    return f"""# {title}
 
+The course's notebooks, executed, in the order they are meant to be read. Each page shows the code and
+every output as the tests check them. The download button of a page gives the notebook with its outputs
+(`.ipynb`) and the student version (no solutions, no outputs) to work in; the launch button opens it on
+Binder or JupyterHub. To run the course on your machine, clone the repository and run `make lab`.
 
-def _markdown_inline(text: str) -> str:
-    """The little markdown the syllabus uses (`code`), as HTML."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+## Syllabus
 
-
-def _index_page(entries: list[Entry]) -> str:
-    rows = "\n".join(
-        f'<tr><td><a href="{e.page}">{html.escape(e.title)}</a></td><td>{_markdown_inline(e.concepts)}</td>'
-        f"<td>{html.escape(e.prerequisites)}</td><td>{html.escape(e.minutes)}</td></tr>"
-        for e in entries
-    )
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>Attention, from the RNN bottleneck to the transformer block</title>
-<style>
-body {{ font-family: system-ui, sans-serif; max-width: 70rem; margin: 2rem auto; padding: 0 1rem; line-height: 1.5; }}
-table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #999; padding: 0.4rem 0.6rem; vertical-align: top; }}
-th {{ background: #eee; text-align: left; }} a {{ color: #0b5394; }}
-</style>
-</head>
-<body>
-<main>
-<h1>Attention, from the RNN bottleneck to the transformer block</h1>
-<p>The course's notebooks, executed, in the order they are meant to be read. Each page shows the code and every
-output as the tests check them; to run them yourself, clone the repository and run <code>make lab</code>.</p>
-<h2>Syllabus</h2>
-<table>
-<thead><tr><th scope="col">notebook</th><th scope="col">concepts</th><th scope="col">prerequisites</th>
-<th scope="col">CPU minutes</th></tr></thead>
-<tbody>
+| notebook | concepts | prerequisites | CPU minutes |
+| --- | --- | --- | --- |
 {rows}
-</tbody>
-</table>
-</main>
-</body>
-</html>
+
+```{{toctree}}
+:hidden:
+:maxdepth: 1
+
+{toctree}
+```
 """
 
 
-def build_site(out: Path = SITE_DIR, notebooks: Path = NOTEBOOK_DIR) -> list[Path]:
-    """Render every notebook of the syllabus, an index and a local MathJax into ``out``.
+def stage(src: Path, entries: list[Entry], notebooks: Path, readme: Path = README) -> Path:
+    """Write the Sphinx sources of the site into ``src`` (emptied first) and return it.
 
-    Returns:
-        The written HTML files, index first.
+    The notebooks are copied as they are; their student versions are made as
+    ``make release`` makes them (``grading.build_course``), in a course folder
+    of our own (``grading.release``'s is shared with the grading tests).
+
+    Args:
+        src: The staging folder.
+        entries: The syllabus, in order.
+        notebooks: Folder of the executed notebooks named in ``entries``.
+        readme: The README whose first heading titles the site.
 
     Raises:
-        FileNotFoundError: If a notebook listed in the README is missing.
+        FileNotFoundError: If a notebook of the syllabus is missing.
     """
-    entries = syllabus()
+    from course_utils.tooling import grading  # here: conf.py and guide.py import this module, not the grader
+
+    if src.exists():
+        shutil.rmtree(src)
+    src.mkdir(parents=True)
+    (src / "index.md").write_text(index_page(entries, course_title(readme)), encoding="utf-8")
+    for entry in entries:
+        notebook = Path(notebooks) / entry.file
+        if not notebook.is_file():
+            raise FileNotFoundError(f"the README's syllabus lists {entry.file}, but {notebook} does not exist")
+        shutil.copy2(notebook, src / entry.file)
+    course = src / "_nbgrader"
+    grading.build_course([src / e.file for e in entries], course)
+    published = src / EXTRA / RELEASE
+    published.mkdir(parents=True)
+    for entry in entries:
+        shutil.copy2(course / "release" / Path(entry.file).stem / entry.file, published / entry.file)
+    shutil.rmtree(course)
+    return src
+
+
+def build_site(out: Path = SITE_DIR, notebooks: Path = NOTEBOOK_DIR, entries: list[Entry] | None = None,
+               src: Path = SOURCE_DIR) -> list[Path]:
+    """Build the site into ``out`` (emptied first) with ``sphinx-build``; any Sphinx warning fails the build.
+
+    Args:
+        out: Folder for the HTML site.
+        notebooks: Folder of the executed notebooks.
+        entries: The pages, in order; default: the README's syllabus.
+        src: Staging folder for the Sphinx sources.
+
+    Returns:
+        The notebook pages, index first, then in syllabus order.
+
+    Raises:
+        RuntimeError: If ``sphinx-build`` fails (its output is in the message).
+    """
+    entries = syllabus() if entries is None else entries
     out = Path(out)
+    stage(Path(src), entries, Path(notebooks))
     if out.exists():
         shutil.rmtree(out)
-    out.mkdir(parents=True)
-    exporter = HTMLExporter(template_name="lab")
-    exporter.require_js_url = ""  # no widgets: nothing to load
-    written = [out / "index.html"]
-    written[0].write_text(_index_page(entries), encoding="utf-8")
-    for i, entry in enumerate(entries):
-        nb = nbformat.read(Path(notebooks) / entry.file, as_version=4)
-        for cell in nb.cells:
-            if cell.cell_type == "markdown":
-                cell.source = _LINK.sub(r"](\1.html)", cell.source)
-        navigation = _navigation(entries, i)
-        nb.cells.insert(0, new_markdown_cell(navigation))
-        nb.cells.append(new_markdown_cell(navigation))
-        body = render_offline(exporter, nb, entry.title, out)
-        page = out / entry.page
-        page.write_text(body, encoding="utf-8")
-        written.append(page)
-    return written
+    command = [sys.executable, "-m", "sphinx", "--builder", "html", "--conf-dir", str(CONF_DIR),
+               "--fail-on-warning", "--keep-going", "--quiet", "--fresh-env", str(src), str(out)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"sphinx-build failed (configuration: {CONF_DIR / 'conf.py'}):\n"
+                           f"{done.stdout}\n{done.stderr}")
+    return [out / "index.html"] + [out / e.page for e in entries]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=SITE_DIR, help="output folder (default: build/site)")
     args = parser.parse_args(argv)
+    start = time.perf_counter()
     pages = build_site(args.out)
-    print(f"wrote {len(pages)} pages to {args.out}; open {args.out / 'index.html'}")
+    print(f"wrote {len(pages)} pages to {args.out} in {time.perf_counter() - start:.0f} s; "
+          f"open {args.out / 'index.html'}")
     return 0
 
 

@@ -6,14 +6,17 @@ slide, every ``###`` heading and every figure a sub-slide, and the rest
 continues the current slide, so a deck has a few dozen slides rather than one
 per cell. The decks use reveal.js 4.0.2 (the version nbconvert's template is
 written for) and require.js, fetched once from the npm registry into
-``build/cache`` and checked against pinned sha256 sums, and the local MathJax
-of ``make site``; once fetched, the decks build and display offline.
+``build/cache`` and checked against pinned sha256 sums, and the same local
+MathJax 2 as ``make site``; once fetched, the decks build and display offline,
+and a deck loads nothing from the network (see ``_TEMPLATE``).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -22,8 +25,9 @@ from pathlib import Path
 
 import nbformat
 from nbconvert import SlidesExporter
+from traitlets.config import Config
 
-from course_utils.tooling.site import NOTEBOOK_DIR, ROOT, render_offline, syllabus
+from course_utils.tooling.site import MATHJAX_CONFIG, MATHJAX_HUB_CONFIG, NOTEBOOK_DIR, ROOT, mathjax_source, syllabus
 
 SLIDES_DIR = ROOT / "build" / "slides"
 CACHE_DIR = ROOT / "build" / "cache"
@@ -31,6 +35,38 @@ CACHE_DIR = ROOT / "build" / "cache"
 # loads it with require.js.
 REVEAL = ("reveal.js", "4.0.2", "0c234d5bfe539606c1af4bcc031f0d21ed99e264d90b7859abad34f7e3a0c587")
 REQUIRE = ("requirejs", "2.1.22", "963a65233141280c18c125afd8e164b8c45eb270554e0ff3b9737bd78d824ea5")
+MATHJAX_URL = f"mathjax/MathJax.js?config={MATHJAX_CONFIG}"  # the local MathJax 2, copied beside the decks
+WIDTH, HEIGHT = 960, 700  # the slide area reveal.js scales to the screen (nbconvert's defaults)
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# nbconvert's reveal template, offline and fitted to the slide: no jQuery and no mermaid from a CDN (the decks
+# use neither), no widget JavaScript (a widget output shows its still image instead), MathJax told to use the
+# STIX-Web fonts of the local copy, and CSS that keeps every slide inside the slide area: figures are scaled
+# to fit, long code and long outputs scroll inside their box, and a slide with more than fits scrolls.
+_TEMPLATE = """{%- extends 'index.html.j2' -%}
+{% block html_head_js_jquery %}{% endblock html_head_js_jquery %}
+{% block html_head_js_mermaidjs %}{% endblock html_head_js_mermaidjs %}
+{% block jupyter_widgets %}{% endblock jupyter_widgets %}
+{% block html_head_js_mathjax %}
+<script type="text/x-mathjax-config">MathJax.Hub.Config(@HUB@);</script>
+{{ super() }}
+{% endblock html_head_js_mathjax %}
+{% block html_head_css %}
+<style type="text/css">
+.reveal .slides > section, .reveal .slides > section > section {
+  box-sizing: border-box; max-height: @HEIGHT@px; overflow-y: auto; }
+.reveal .slides section :is(h1, h2, h3, h4) { text-transform: none; }  /* as written: maths keeps its case */
+.reveal .slides section img { max-width: 100%; max-height: @FIGURE@px; width: auto; height: auto; }
+.reveal .slides section pre { box-sizing: border-box; max-height: @CODE@px; overflow: auto; }
+.reveal .slides section .jp-OutputArea-output { overflow-x: auto; }
+</style>
+{% endblock html_head_css %}
+"""
+
+
+def _template() -> str:
+    values = {"@HUB@": json.dumps(MATHJAX_HUB_CONFIG), "@HEIGHT@": str(HEIGHT),
+              "@FIGURE@": str(HEIGHT * 6 // 10), "@CODE@": str(HEIGHT // 2)}
+    return re.sub("|".join(values), lambda m: values[m[0]], _TEMPLATE)
 
 
 def assign_slide_types(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -88,6 +124,16 @@ def npm_package(name: str, version: str, sha256: str, cache: Path = CACHE_DIR) -
     return folder
 
 
+def exporter() -> SlidesExporter:
+    """nbconvert's reveal.js exporter, set up for decks that display offline (see ``_TEMPLATE``)."""
+    priority = [m for m in SlidesExporter().default_config.NbConvertBase.display_data_priority if m != WIDGET_VIEW]
+    config = Config({"NbConvertBase": {"display_data_priority": priority}})
+    return SlidesExporter(config=config, raw_template=_template(), reveal_url_prefix="reveal.js",
+                          reveal_theme="white",  # its font is bundled (most other themes load Google fonts)
+                          reveal_width=str(WIDTH), reveal_height=str(HEIGHT), mathjax_url=MATHJAX_URL,
+                          require_js_url="require.js")  # the local copy: the deck loads reveal.js through it
+
+
 def build_slides(out: Path = SLIDES_DIR, notebooks: Path = NOTEBOOK_DIR) -> list[Path]:
     """Write one reveal.js deck per notebook (``NN_name.slides.html``) into ``out``, with reveal.js and MathJax.
 
@@ -102,15 +148,12 @@ def build_slides(out: Path = SLIDES_DIR, notebooks: Path = NOTEBOOK_DIR) -> list
     for part in ("dist", "plugin"):
         shutil.copytree(reveal / part, out / "reveal.js" / part)
     shutil.copy2(npm_package(*REQUIRE) / "require.js", out / "require.js")
-    exporter = SlidesExporter()
-    exporter.reveal_url_prefix = "reveal.js"
-    exporter.reveal_theme = "simple"
-    exporter.reveal_scroll = True  # long code cells scroll instead of overflowing
-    exporter.require_js_url = "require.js"  # the local copy: the deck loads reveal.js through require.js
+    shutil.copytree(mathjax_source(), out / "mathjax")
+    deck_exporter = exporter()
     decks = []
     for entry in syllabus():
         nb = nbformat.read(Path(notebooks) / entry.file, as_version=4)
-        body = render_offline(exporter, nb, entry.title, out)
+        body, _ = deck_exporter.from_notebook_node(nb, resources={"metadata": {"name": entry.title}})
         deck = out / entry.file.replace(".ipynb", ".slides.html")
         deck.write_text(body, encoding="utf-8")
         decks.append(deck)
