@@ -62,3 +62,15 @@ def test_a_tampered_download_is_rejected(tmp_path):
     (tmp_path / f"{name}-{version}.tgz").write_bytes(b"not the real tarball")
     with pytest.raises(RuntimeError, match="pinned sha256"):
         slides.npm_package(name, version, slides.REQUIRE[2], cache=tmp_path)
+
+
+def test_cells_are_packed_by_estimated_height():
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    short = "One short paragraph."
+    figure = new_code_cell("plot()", outputs=[nbformat.v4.new_output("display_data", data={"image/png": "iVBOR"})])
+    nb = new_notebook(cells=[new_markdown_cell("## A section"), new_markdown_cell(short), new_markdown_cell(short),
+                             figure, new_markdown_cell(short), new_markdown_cell("### Sub"), new_markdown_cell(short)])
+    kinds = [c.metadata["slideshow"]["slide_type"] for c in slides.assign_slide_types(nb).cells]
+    assert kinds == ["slide", "-", "-", "subslide", "subslide", "subslide", "-"], kinds  # the figure fills its own
+    assert slides.estimated_height(figure) > slides.SLIDE_BUDGET / 2 > slides.estimated_height(nb.cells[1])

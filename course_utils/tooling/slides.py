@@ -2,9 +2,8 @@
 
 Each notebook's cells carry ``metadata.slideshow.slide_type`` (committed in the
 notebooks, set by ``assign_slide_types``): every ``#``/``##`` section starts a
-slide, every ``###`` heading and every figure a sub-slide, and the rest
-continues the current slide, so a deck has a few dozen slides rather than one
-per cell. The decks use reveal.js 4.0.2 (the version nbconvert's template is
+slide, every ``###`` heading a sub-slide, and the rest continues the current
+slide until the next cell would not fit, when it starts a sub-slide. The decks use reveal.js 4.0.2 (the version nbconvert's template is
 written for) and require.js, fetched once from the npm registry into
 ``build/cache`` and checked against pinned sha256 sums, and the same local
 MathJax 2 as ``make site``; once fetched, the decks build and display offline,
@@ -36,6 +35,7 @@ CACHE_DIR = ROOT / "build" / "cache"
 REVEAL = ("reveal.js", "4.0.2", "0c234d5bfe539606c1af4bcc031f0d21ed99e264d90b7859abad34f7e3a0c587")
 REQUIRE = ("requirejs", "2.1.22", "963a65233141280c18c125afd8e164b8c45eb270554e0ff3b9737bd78d824ea5")
 MATHJAX_URL = f"mathjax/MathJax.js?config={MATHJAX_CONFIG}"  # the local MathJax 2, copied beside the decks
+MIN_ZOOM = 0.6  # a slide is shrunk at most this much to fit; a taller one scrolls
 WIDTH, HEIGHT = 960, 700  # the slide area reveal.js scales to the screen (nbconvert's defaults)
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # nbconvert's reveal template, offline and fitted to the slide: no jQuery and no mermaid from a CDN (the decks
@@ -60,33 +60,87 @@ _TEMPLATE = """{%- extends 'index.html.j2' -%}
 .reveal .slides section .jp-OutputArea-output { overflow-x: auto; }
 </style>
 {% endblock html_head_css %}
+{% block footer_js %}
+{{ super() }}
+<script>
+// Shrink a slide whose cells are taller than the slide until it fits (CSS zoom, down to @MINZOOM@),
+// whenever it is shown and again once MathJax has typeset it; what still does not fit scrolls.
+require(["reveal.js/dist/reveal.js"], function (Reveal) {
+  function fit(slide) {
+    if (!slide) return;
+    slide.style.zoom = ""; slide.style.maxHeight = "none";
+    var zoom = Math.max(@MINZOOM@, Math.min(1, @HEIGHT@ / slide.scrollHeight));
+    slide.style.zoom = zoom < 1 ? String(zoom) : "";
+    slide.style.maxHeight = (@HEIGHT@ / zoom) + "px";
+    Reveal.layout();
+  }
+  function fitCurrent() {
+    var slide = Reveal.getCurrentSlide();
+    fit(slide);
+    if (window.MathJax && MathJax.Hub) MathJax.Hub.Queue(function () { fit(slide); });
+  }
+  if (Reveal.isReady()) fitCurrent(); else Reveal.on("ready", fitCurrent);
+  Reveal.on("slidechanged", fitCurrent);
+});
+</script>
+{% endblock footer_js %}
 """
 
 
 def _template() -> str:
     values = {"@HUB@": json.dumps(MATHJAX_HUB_CONFIG), "@HEIGHT@": str(HEIGHT),
-              "@FIGURE@": str(HEIGHT * 6 // 10), "@CODE@": str(HEIGHT // 2)}
+              "@FIGURE@": str(HEIGHT * 6 // 10), "@CODE@": str(HEIGHT // 2),
+              "@MINZOOM@": str(MIN_ZOOM)}
     return re.sub("|".join(values), lambda m: values[m[0]], _TEMPLATE)
+
+
+def estimated_height(cell) -> float:
+    """About how many pixels of a 960 x 700 slide a cell fills in a deck.
+
+    A linear fit to every cell of the course, each measured alone on a slide in
+    Chromium (``tests/browser_site_check.py`` measures the result): markdown by
+    its wrapped lines, headings and table rows; code by its lines (long code
+    scrolls inside its box), its text output lines and its figures.
+    """
+    if cell.cell_type == "markdown":
+        lines = cell.source.splitlines()
+        wrapped = sum(max(1, -(-len(line) // 75)) for line in lines
+                      if line.strip() and not line.startswith(("#", "|", "$$")))
+        headings = sum(line.startswith("#") for line in lines)
+        table_rows = sum(line.startswith("|") for line in lines)
+        return 58 + 28 * wrapped + 86 * headings + 58 * table_rows
+    if cell.cell_type != "code":
+        return 0.0
+    outputs = cell.get("outputs", [])
+    figures = sum("image/png" in o.get("data", {}) for o in outputs)
+    text_lines = sum(len((o.get("text", "") if o.get("output_type") == "stream"
+                          else o.get("data", {}).get("text/plain", "")).splitlines())
+                     for o in outputs if "image/png" not in o.get("data", {}))
+    return 173 + 11 * min(len(cell.source.splitlines()), 30) + 34 * text_lines + 449 * figures
+
+
+SLIDE_BUDGET = 700  # estimated pixels of cells per slide before the next cell starts a sub-slide
 
 
 def assign_slide_types(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Set ``metadata.slideshow.slide_type`` on every cell (in place) and return the notebook.
 
     A markdown cell with a ``# `` or ``## `` heading starts a slide; one with a
-    ``### `` heading starts a sub-slide; a code cell whose stored outputs
-    include a figure starts a sub-slide (a figure needs the room); every other
-    cell continues the slide it follows ("-").
+    ``### `` heading starts a sub-slide; any other cell continues the slide it
+    follows ("-") while the slide's cells fit in ``SLIDE_BUDGET``
+    (``estimated_height``), and otherwise starts a sub-slide. A cell taller
+    than a slide on its own gets a slide to itself, which scrolls.
     """
+    filled = 0.0
     for cell in nb.cells:
+        height = estimated_height(cell)
         kind = "-"
-        if cell.cell_type == "markdown":
-            lines = cell.source.splitlines()
-            if any(line.startswith(("# ", "## ")) for line in lines):
-                kind = "slide"
-            elif any(line.startswith("### ") for line in lines):
-                kind = "subslide"
-        elif cell.cell_type == "code" and any("image/png" in o.get("data", {}) for o in cell.get("outputs", [])):
+        lines = cell.source.splitlines() if cell.cell_type == "markdown" else []
+        if any(line.startswith(("# ", "## ")) for line in lines):
+            kind = "slide"
+        elif any(line.startswith("### ") for line in lines) or (filled and filled + height > SLIDE_BUDGET):
             kind = "subslide"
+        filled = height if kind != "-" else filled + height
         cell.metadata["slideshow"] = {"slide_type": kind}
     return nb
 
