@@ -22,10 +22,10 @@ import pytest
 
 from buggy_answers import BUGGY
 from conftest import NOTEBOOKS, ROOT
+from helpers import SOLUTION
 from course_utils.experiments import loop
 from course_utils.tooling import grading, written
 
-SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
 HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
 
 
