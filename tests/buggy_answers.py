@@ -53,6 +53,14 @@ BUGGY = {
             "def bilinear_scores(query, keys, W):\n"
             "    return (keys @ (query @ W.T)[:, :, None])[:, :, 0]\n"
         ),
+        # Bahdanau's order: the weights come from s_{i-1}, before the GRU update
+        "luong_step": (
+            "def luong_step(emb, state, enc_states, projected_keys, mask, cell, scorer, W_c):\n"
+            "    from course_utils.blocks.scorers import attend\n"
+            "    context, weights = attend(scorer.score(state, projected_keys), enc_states, mask)\n"
+            "    state = cell(emb, state)\n"
+            "    return state, context, torch.tanh(torch.cat([context, state], dim=-1) @ W_c.T), weights\n"
+        ),
     },
     "03_self_attention": {
         # the scores are not scaled by 1/sqrt(Dk)
@@ -79,6 +87,17 @@ BUGGY = {
         "scaled_scores": (
             "def scaled_scores(q, k):\n"
             "    return q @ k.transpose(-2, -1) / (q.shape[1] * q.shape[-1]) ** 0.5\n"
+        ),
+        # measures the scaled softmax, which never saturates, instead of the unscaled one
+        "saturation_width": (
+            "def saturation_width(Dks, S, T, generator, threshold=0.9):\n"
+            "    for Dk in Dks:\n"
+            "        q = torch.randn(T, Dk, generator=generator)\n"
+            "        k = torch.randn(S, Dk, generator=generator)\n"
+            "        weights = torch.softmax(q @ k.T / Dk ** 0.5, dim=-1)\n"
+            "        if weights.amax(dim=-1).mean() > threshold:\n"
+            "            return Dk\n"
+            "    return None\n"
         ),
     },
     "05_multi_head_attention": {
@@ -135,6 +154,22 @@ BUGGY = {
             "    out = block(torch.randn(2, 5, D))\n"
             "    return bool(out.mean(-1).abs().max() > 1e-3)\n"
         ),
+        # the self-attention without the causal mask: each position also reads the target positions after it
+        "decoder_layer_forward": (
+            "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
+            "    cross_mask = None if memory_mask is None else memory_mask[:, None]\n"
+            "    def attend(attention, query, source, mask):\n"
+            "        w_q, w_k, w_v = attention.in_proj_weight.chunk(3)\n"
+            "        b_q, b_k, b_v = attention.in_proj_bias.chunk(3)\n"
+            "        out, _ = multi_head_attention(query, source, source, lambda h: nn.functional.linear(h, w_q, b_q),\n"
+            "                                      lambda h: nn.functional.linear(h, w_k, b_k),\n"
+            "                                      lambda h: nn.functional.linear(h, w_v, b_v),\n"
+            "                                      attention.out_proj, attention.num_heads, mask)\n"
+            "        return out\n"
+            "    x = residual(x, lambda h: attend(layer.self_attn, h, h, None), layer.norm1, layer.norm_first)\n"
+            "    x = residual(x, lambda h: attend(layer.multihead_attn, h, memory, cross_mask), layer.norm2, layer.norm_first)\n"
+            "    return residual(x, lambda h: layer.linear2(layer.activation(layer.linear1(h))), layer.norm3, layer.norm_first)\n"
+        ),
     },
     "08_attention_at_scale": {
         # the running sum of values is not rescaled when the maximum grows
@@ -143,6 +178,22 @@ BUGGY = {
             "    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))\n"
             "    p = torch.exp(scores - m_new)\n"
             "    return m_new, l * torch.exp(m - m_new) + p.sum(dim=-1, keepdim=True), acc + p @ v\n"
+        ),
+        # the diagonal tile is not masked: a query sees the later keys of its own block
+        "causal_tiled_attention": (
+            "def causal_tiled_attention(q, k, v, block_size):\n"
+            "    from course_utils.experiments.efficiency import online_softmax_update\n"
+            "    T, outs, tiles = q.shape[-2], [], 0\n"
+            "    for start in range(0, T, block_size):\n"
+            "        q_block = q[..., start:start + block_size, :]\n"
+            "        m = torch.full((*q_block.shape[:-1], 1), float('-inf'))\n"
+            "        l, acc = torch.zeros_like(m), torch.zeros((*q_block.shape[:-1], v.shape[-1]))\n"
+            "        for k_start in range(0, start + 1, block_size):\n"
+            "            scores = q_block @ k[..., k_start:k_start + block_size, :].transpose(-2, -1) / q.shape[-1] ** 0.5\n"
+            "            m, l, acc = online_softmax_update(m, l, acc, scores, v[..., k_start:k_start + block_size, :])\n"
+            "            tiles += 1\n"
+            "        outs.append(acc / l)\n"
+            "    return torch.cat(outs, dim=-2), tiles\n"
         ),
     },
     "09_small_gpt": {
@@ -174,4 +225,484 @@ BUGGY = {
             "    return out, (k, v)\n"
         ),
     },
+}
+
+# Kinds of mistakes the checkers above did not all try (issue 14): code that works only for the one shape a
+# checker used to try, gradients cut by .detach() / torch.no_grad() / .data, a softmax without the max
+# subtraction, one tensor used for another, wrong boundary handling, and answers that are (or call) the course's
+# reference. {exercise: [(kind, source that defines the exercise's function, a word of the message that names it)]}.
+# tests/test_checks.py requires each to be rejected with that word in the message, and no answer in it.
+_SOFTMAX = "torch.softmax(scores.masked_fill(~mask, float('-inf')), dim=-1).nan_to_num(0.0)"
+_MHA = ("def multi_head_attention(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads, mask=None):\n"
+        "    from course_utils.blocks.attention import scaled_dot_product_attention\n"
+        "    from course_utils.blocks.multihead import merge_heads, split_heads\n"
+        "    q, k, v = (split_heads(p(t), num_heads) for p, t in ((q_proj, query), (k_proj, key), (v_proj, value)))\n"
+        "    context, weights = scaled_dot_product_attention(q, k, v, mask)\n"
+        "    return out_proj(merge_heads(context)), weights\n")
+_LUONG = ("def luong_step(emb, state, enc_states, projected_keys, mask, cell, scorer, W_c):\n"
+          "    from course_utils.blocks.scorers import attend\n"
+          "    state = cell(emb, state)\n"
+          "    scores = scorer.score(state, projected_keys)\n"
+          "    context, weights = attend(scores, enc_states, mask)\n"
+          "    both = torch.cat([context, state], dim=-1)\n"
+          "    attentional = torch.tanh(both @ W_c.T)\n"
+          "    return state, context, attentional, weights\n")
+_DECODER_LAYER = (
+    "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
+    "    from course_utils.blocks.masks import causal_mask\n"
+    "    from course_utils.blocks.multihead import multi_head_attention\n"
+    "    from course_utils.blocks.transformer import residual\n"
+    "    causal = causal_mask(x.shape[1])\n"
+    "    cross_mask = None if memory_mask is None else memory_mask[:, None]\n"
+    "    def attend(attention, query, source, mask):\n"
+    "        w_q, w_k, w_v = attention.in_proj_weight.chunk(3)\n"
+    "        b_q, b_k, b_v = attention.in_proj_bias.chunk(3)\n"
+    "        out, _ = multi_head_attention(query, source, source, lambda h: F.linear(h, w_q, b_q),\n"
+    "                                      lambda h: F.linear(h, w_k, b_k), lambda h: F.linear(h, w_v, b_v),\n"
+    "                                      attention.out_proj, attention.num_heads, mask)\n"
+    "        return out\n"
+    "    x = residual(x, lambda h: attend(layer.self_attn, h, h, causal), layer.norm1, layer.norm_first)\n"
+    "    x = residual(x, lambda h: attend(layer.multihead_attn, h, memory, cross_mask), layer.norm2, layer.norm_first)\n"
+    "    return residual(x, lambda h: layer.linear2(layer.activation(layer.linear1(h))), layer.norm3, layer.norm_first)\n")
+_LAST_LINE = "    return residual(x, lambda h: layer.linear2(layer.activation(layer.linear1(h))), layer.norm3, layer.norm_first)"
+_CAUSAL = ("def causal_tiled_attention(q, k, v, block_size):\n"
+           "    from course_utils.experiments.efficiency import online_softmax_update\n"
+           "    T, outs, tiles = q.shape[-2], [], 0\n"
+           "    for start in range(0, T, block_size):\n"
+           "        q_block = q[..., start:start + block_size, :]\n"
+           "        rows = torch.arange(start, start + q_block.shape[-2])\n"
+           "        m = torch.full((*q_block.shape[:-1], 1), float('-inf'))\n"
+           "        l, acc = torch.zeros_like(m), torch.zeros((*q_block.shape[:-1], v.shape[-1]))\n"
+           "        for k_start in range(0, start + 1, block_size):\n"
+           "            k_block, v_block = k[..., k_start:k_start + block_size, :], v[..., k_start:k_start + block_size, :]\n"
+           "            scores = q_block @ k_block.transpose(-2, -1) / q.shape[-1] ** 0.5\n"
+           "            if k_start == start:\n"
+           "                cols = torch.arange(k_start, k_start + k_block.shape[-2])\n"
+           "                scores = scores.masked_fill(cols[None, :] > rows[:, None], float('-inf'))\n"
+           "            m, l, acc = online_softmax_update(m, l, acc, scores, v_block)\n"
+           "            tiles += 1\n"
+           "        outs.append(acc / l)\n"
+           "    return torch.cat(outs, dim=-2), tiles\n")  # right: notebook 08's exercise 2, for the variants below
+_CAUSAL_MASK = ("                cols = torch.arange(k_start, k_start + k_block.shape[-2])\n"
+                "                scores = scores.masked_fill(cols[None, :] > rows[:, None], float('-inf'))\n")
+NEW_KINDS = {
+    "padding_mask": [
+        ("a squeeze that breaks at B = 1", "def padding_mask(lengths, S):\n"
+         "    return (torch.arange(S)[None, :] < lengths[:, None]).squeeze()[..., None, :]\n", "B = 1"),
+        ("calls the reference", "def padding_mask(lengths, S):\n"
+         "    from course_utils.blocks.masks import padding_mask as reference\n"
+         "    return reference(lengths, S)\n", "calls the course's reference"),
+    ],
+    "pairwise_scores": [
+        ("detached output", "def pairwise_scores(q, k):\n    return (q @ k.transpose(-2, -1)).detach()\n",
+         "cut off from autograd"),
+        (".data", "def pairwise_scores(q, k):\n    return q.data @ k.data.transpose(-2, -1)\n", "cut off from autograd"),
+        ("a squeeze that breaks at B = 1", "def pairwise_scores(q, k):\n"
+         "    return (q @ k.transpose(-2, -1)).squeeze()\n", "B = 1"),
+        ("a squeeze that breaks at H = 1", "def pairwise_scores(q, k):\n"
+         "    scores = q @ k.transpose(-2, -1)\n    return scores.squeeze(1) if scores.dim() == 4 else scores\n",
+         "H = 1"),
+        ("einsum, which the exercise rules out", "def pairwise_scores(q, k):\n"
+         "    return torch.einsum('...td,...sd->...ts', q, k)\n", "einsum"),
+        ("calls the reference", "def pairwise_scores(q, k):\n"
+         "    import course_utils\n    return course_utils.pairwise_scores(q, k)\n", "calls the course's reference"),
+    ],
+    "masked_softmax": [
+        ("unstable softmax (no max subtraction)", "def masked_softmax(scores, mask):\n"
+         "    e = torch.exp(scores).masked_fill(~mask, 0.0)\n    total = e.sum(dim=-1, keepdim=True)\n"
+         "    return torch.where(total > 0, e / total, torch.zeros_like(e))\n", "exp overflows"),
+        ("detached output", f"def masked_softmax(scores, mask):\n    return {_SOFTMAX}.detach()\n",
+         "cut off from autograd"),
+        (".data", "def masked_softmax(scores, mask):\n"
+         "    return torch.softmax(scores.data.masked_fill(~mask, float('-inf')), dim=-1).nan_to_num(0.0)\n",
+         "cut off from autograd"),
+        ("masks of one broadcastable shape only: (B, 1, S)", "def masked_softmax(scores, mask):\n"
+         "    keep = mask[:, 0, :].any(dim=-1)[:, None, None]  # one row per sequence: only for (B, 1, S) masks\n"
+         "    weights = torch.softmax(scores.masked_fill(~mask, -1e9), dim=-1)\n"
+         "    return weights * keep\n", "(B, T, S)"),
+        ("a squeeze that breaks at B = 1", f"def masked_softmax(scores, mask):\n    return {_SOFTMAX}.squeeze()\n",
+         "B = 1"),
+        ("calls the reference", "def masked_softmax(scores, mask):\n"
+         "    from course_utils.blocks import attention\n    return attention.masked_softmax(scores, mask)\n",
+         "calls the course's reference"),
+    ],
+    "final_states": [
+        ("a squeeze that breaks at B = 1 and R = 1", "def final_states(states, lengths):\n"
+         "    index = (lengths - 1)[:, None, None].expand(-1, 1, states.shape[2])\n"
+         "    return states.gather(1, index).squeeze()\n", "B = 1"),
+        ("calls the reference", "def final_states(states, lengths):\n"
+         "    from course_utils.blocks.seq2seq import final_states as reference\n"
+         "    return reference(states, lengths)\n", "calls the course's reference"),
+    ],
+    "sequence_exact_match": [
+        ("a prediction that ends early with padding is accepted", "def sequence_exact_match(tokens, targets, pad_id=0):\n"
+         "    real = (targets != pad_id) & (tokens != pad_id)\n    return ((tokens == targets) | ~real).all(dim=1)\n",
+         "stops early"),
+        ("only the positions before the prediction's own <eos> are compared",
+         "def sequence_exact_match(tokens, targets, pad_id=0):\n"
+         "    before_eos = (tokens == 2).cumsum(dim=1) == 0\n"
+         "    real = (targets != pad_id) & before_eos\n    return ((tokens == targets) | ~real).all(dim=1)\n",
+         "stops early"),
+        ("a squeeze that breaks at B = 1", "def sequence_exact_match(tokens, targets, pad_id=0):\n"
+         "    return ((tokens == targets) | (targets == pad_id)).all(dim=1).squeeze()\n", "B = 1"),
+        ("calls the reference", "def sequence_exact_match(tokens, targets, pad_id=0):\n"
+         "    from course_utils.experiments.training import sequence_exact_match as reference\n"
+         "    return reference(tokens, targets)\n", "calls the course's reference"),
+    ],
+    "additive_scores": [
+        (".data", "def additive_scores(q_proj, k_proj, v_a):\n"
+         "    return torch.tanh(q_proj.data[:, None, :] + k_proj) @ v_a\n", "q_proj"),
+        ("a squeeze that breaks at B = 1 and S = 1", "def additive_scores(q_proj, k_proj, v_a):\n"
+         "    return (torch.tanh(q_proj[:, None, :] + k_proj) @ v_a[:, None]).squeeze()\n", "B = 1"),
+        ("calls the reference", "def additive_scores(q_proj, k_proj, v_a):\n"
+         "    from course_utils.blocks.scorers import additive_scores as reference\n"
+         "    return reference(q_proj, k_proj, v_a)\n", "calls the course's reference"),
+    ],
+    "attend": [
+        ("unstable softmax (no max subtraction)", "def attend(scores, values, mask=None):\n"
+         "    mask = torch.ones_like(scores, dtype=torch.bool) if mask is None else mask\n"
+         "    e = torch.exp(scores) * mask\n    weights = e / e.sum(dim=-1, keepdim=True).clamp(min=1e-30)\n"
+         "    return (weights[:, :, None] * values).sum(dim=1), weights\n", "exp overflows"),
+        ("a row with no real position gives NaN", "def attend(scores, values, mask=None):\n"
+         "    mask = torch.ones_like(scores, dtype=torch.bool) if mask is None else mask\n"
+         "    weights = torch.softmax(scores.masked_fill(~mask, float('-inf')), dim=-1)\n"
+         "    return (weights[:, :, None] * values).sum(dim=1), weights\n", "no real position"),
+        ("mask=None not handled", "def attend(scores, values, mask=None):\n"
+         "    weights = torch.softmax(scores.masked_fill(~mask, -1e9), dim=-1) * mask\n"
+         "    return (weights[:, :, None] * values).sum(dim=1), weights\n", "mask=None"),
+        ("a squeeze that breaks at Dk = 1", "def attend(scores, values, mask=None):\n"
+         "    mask = torch.ones_like(scores, dtype=torch.bool) if mask is None else mask\n"
+         "    weights = torch.softmax(scores.masked_fill(~mask, -1e9), dim=-1) * mask.any(dim=-1, keepdim=True)\n"
+         "    return (weights[:, None, :] @ values).squeeze(), weights\n", "= 1"),
+        ("detached output", "def attend(scores, values, mask=None):\n"
+         "    from course_utils.blocks.attention import masked_softmax\n"
+         "    with torch.no_grad():\n        weights = masked_softmax(scores, mask)\n"
+         "        return (weights[:, :, None] * values).sum(dim=1), weights\n", "cut off from autograd"),
+        ("calls the reference", "def attend(scores, values, mask=None):\n"
+         "    from course_utils.blocks import scorers\n    return scorers.attend(scores, values, mask)\n",
+         "calls the course's reference"),
+    ],
+    "bilinear_scores": [
+        (".data", "def bilinear_scores(query, keys, W):\n    return (keys @ (query @ W.data)[:, :, None])[:, :, 0]\n",
+         "W"),
+        ("a squeeze that breaks at B = 1 and S = 1", "def bilinear_scores(query, keys, W):\n"
+         "    return (keys @ (query @ W)[:, :, None]).squeeze()\n", "B = 1"),
+        ("calls the reference", "def bilinear_scores(query, keys, W):\n"
+         "    from course_utils.blocks.scorers import BilinearScore\n"
+         "    scorer = BilinearScore(query.shape[-1], keys.shape[-1])\n"
+         "    return torch.func.functional_call(scorer, {'W': W}, (query, keys))\n", "calls the course's reference"),
+    ],
+    "luong_step": [
+        ("the two parts of [c_i; s_i] swapped", _LUONG.replace("[context, state]", "[state, context]"), "swapped"),
+        ("tanh missing", _LUONG.replace("torch.tanh(both @ W_c.T)", "both @ W_c.T"), "tanh is missing"),
+        ("the mask not passed", _LUONG.replace("enc_states, mask)", "enc_states)"), "mask was not passed"),
+        ("scored against the values (the scorer's forward recomputes the keys from enc_states)",
+         _LUONG.replace("scorer.score(state, projected_keys)", "scorer(state, enc_states)"), "computed from enc_states"),
+        ("the attentional layer reads s_{i-1}", _LUONG.replace("    state = cell(emb, state)\n", "    new = cell(emb, state)\n")
+         .replace("scorer.score(state,", "scorer.score(new,").replace("return state, context", "return new, context"),
+         "s_{i-1}, the state before the update"),
+        ("the attentional state returned as the state", _LUONG.replace("return state, context", "return attentional, context"),
+         "as the new state"),
+        (".data", _LUONG.replace("W_c.T", "W_c.data.T"), "W_c"),
+        ("a squeeze that breaks at B = 1", _LUONG.replace(
+            "    context, weights = attend(scores, enc_states, mask)\n",
+            "    weights = attend(scores, enc_states, mask)[1]\n"
+            "    context = torch.bmm(weights[:, None, :], enc_states).squeeze()\n"), "B = 1"),
+        ("calls the reference", "def luong_step(*args):\n"
+         "    from course_utils.blocks import seq2seq\n    return seq2seq.luong_step(*args)\n",
+         "calls the course's reference"),
+    ],
+    "scaled_dot_product_attention": [
+        ("unstable softmax (no max subtraction)", "def scaled_dot_product_attention(q, k, v, mask=None, scale=None):\n"
+         "    scale = q.shape[-1] ** -0.5 if scale is None else scale\n    e = torch.exp(q @ k.transpose(-2, -1) * scale)\n"
+         "    if mask is not None:\n        e = e * mask\n"
+         "    weights = e / e.sum(dim=-1, keepdim=True).clamp(min=1e-30)\n    return weights @ v, weights\n",
+         "exp overflows"),
+        ("detached output", "def scaled_dot_product_attention(q, k, v, mask=None, scale=None):\n"
+         "    from course_utils.blocks.attention import masked_softmax\n"
+         "    scale = q.shape[-1] ** -0.5 if scale is None else scale\n"
+         "    weights = masked_softmax(q @ k.transpose(-2, -1) * scale, mask).detach()\n    return weights @ v, weights\n",
+         "gradient with respect to q and k is zero"),
+        (".data", "def scaled_dot_product_attention(q, k, v, mask=None, scale=None):\n"
+         "    from course_utils.blocks.attention import masked_softmax\n"
+         "    scale = q.shape[-1] ** -0.5 if scale is None else scale\n"
+         "    weights = masked_softmax(q @ k.data.transpose(-2, -1) * scale, mask)\n    return weights @ v, weights\n",
+         "gradient with respect to k is zero"),
+        ("4-D-only code", "def scaled_dot_product_attention(q, k, v, mask=None, scale=None):\n"
+         "    from course_utils.blocks.attention import masked_softmax\n"
+         "    scale = q.shape[-1] ** -0.5 if scale is None else scale\n"
+         "    weights = masked_softmax(q @ k.permute(0, 1, 3, 2) * scale, mask)\n    return weights @ v, weights\n",
+         "3-D inputs"),
+        ("a squeeze that breaks at H = 1", "def scaled_dot_product_attention(q, k, v, mask=None, scale=None):\n"
+         "    from course_utils.blocks.attention import masked_softmax\n"
+         "    scale = q.shape[-1] ** -0.5 if scale is None else scale\n"
+         "    weights = masked_softmax(q @ k.transpose(-2, -1) * scale, mask)\n"
+         "    return (weights @ v).squeeze(1), weights\n", "H = 1"),
+        ("calls the reference", "def scaled_dot_product_attention(q, k, v, mask=None, scale=None):\n"
+         "    import course_utils\n    return course_utils.scaled_dot_product_attention(q, k, v, mask, scale)\n",
+         "calls the course's reference"),
+    ],
+    "attention_entropy": [
+        ("3-D-only code", "def attention_entropy(weights):\n"
+         "    return -(weights * weights.clamp(min=1e-30).log()).sum(dim=2)\n", "head axis"),
+        ("a squeeze that breaks at B = 1", "def attention_entropy(weights):\n"
+         "    return -(weights * weights.clamp(min=1e-30).log()).sum(dim=-1).squeeze()\n", "B = 1"),
+        ("calls the reference", "def attention_entropy(weights):\n"
+         "    from course_utils.blocks.attention import attention_entropy as entropy\n    return entropy(weights)\n",
+         "calls the course's reference"),
+    ],
+    "scaled_scores": [
+        ("a squeeze that breaks at H = 1", "def scaled_scores(q, k):\n"
+         "    return (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).squeeze(1)\n", "H = 1"),
+        ("calls the reference", "def scaled_scores(q, k):\n"
+         "    from course_utils.blocks import attention\n    return attention.scaled_scores(q, k)\n",
+         "calls the course's reference"),
+    ],
+    "saturation_width": [
+        ("a squeeze that breaks at S = 1", "def saturation_width(Dks, S, T, generator, threshold=0.9):\n"
+         "    for Dk in Dks:\n"
+         "        q, k = torch.randn(T, Dk, generator=generator), torch.randn(S, Dk, generator=generator)\n"
+         "        if torch.softmax((q @ k.T).squeeze(), dim=-1).amax(dim=-1).mean() > threshold:\n"
+         "            return Dk\n", "S = 1 key"),
+        ("the global random generator", "def saturation_width(Dks, S, T, generator, threshold=0.9):\n"
+         "    for Dk in Dks:\n"
+         "        q, k = torch.randn(T, Dk), torch.randn(S, Dk)\n"
+         "        if torch.softmax(q @ k.T, dim=-1).amax(dim=-1).mean() > threshold:\n"
+         "            return Dk\n", "drew no numbers from `generator`"),
+        ("calls the reference", "def saturation_width(Dks, S, T, generator, threshold=0.9):\n"
+         "    from course_utils.experiments import scaling\n"
+         "    return scaling.saturation_width(Dks, S, T, generator, threshold)\n", "calls the course's reference"),
+    ],
+    "split_heads": [
+        (".data", "def split_heads(x, num_heads):\n    B, T, D = x.shape\n"
+         "    return x.data.view(B, T, num_heads, D // num_heads).transpose(1, 2)\n", "cut off from autograd"),
+        ("a squeeze that breaks at B = 1", "def split_heads(x, num_heads):\n    B, T, D = x.shape\n"
+         "    return x.view(B, T, num_heads, D // num_heads).transpose(1, 2).squeeze()\n", "B = 1"),
+        ("calls the reference", "def split_heads(x, num_heads):\n"
+         "    from course_utils.blocks.multihead import split_heads as split\n    return split(x, num_heads)\n",
+         "calls the course's reference"),
+    ],
+    "merge_heads": [
+        ("detached output", "def merge_heads(x):\n    B, H, T, Dh = x.shape\n"
+         "    return x.transpose(1, 2).reshape(B, T, H * Dh).detach()\n", "cut off from autograd"),
+        ("a squeeze that breaks at T = 1", "def merge_heads(x):\n    B, H, T, Dh = x.shape\n"
+         "    return x.transpose(1, 2).reshape(B, T, H * Dh).squeeze()\n", "= 1"),
+        ("calls the reference", "def merge_heads(x):\n"
+         "    from course_utils.blocks import multihead\n    return multihead.merge_heads(x)\n",
+         "calls the course's reference"),
+    ],
+    "multi_head_attention": [
+        ("k used as value", _MHA.replace("(v_proj, value)", "(v_proj, key)"), "computed from key"),
+        ("detached output", _MHA.replace(
+            "    context, weights = scaled_dot_product_attention(q, k, v, mask)\n",
+            "    with torch.no_grad():\n        context, weights = scaled_dot_product_attention(q, k, v, mask)\n"),
+         "cut off from autograd"),
+        ("masks of one broadcastable shape only: (B, 1, 1, S)", _MHA.replace(
+            "(q, k, v, mask)", "(q, k, v, None if mask is None else mask.view(mask.shape[0], 1, 1, -1))"), "mask"),
+        ("calls the reference", "def multi_head_attention(*args):\n"
+         "    from course_utils.blocks.multihead import multi_head_attention as mha\n    return mha(*args)\n",
+         "calls the course's reference"),
+    ],
+    "sinusoidal_positional_encoding": [
+        ("a squeeze that breaks at T = 1", "def sinusoidal_positional_encoding(T, D):\n"
+         "    from course_utils.blocks.positional import frequencies\n"
+         "    angles = torch.arange(T, dtype=torch.float32)[:, None] * frequencies(D)[None, :]\n"
+         "    return torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).reshape(T, D).squeeze()\n", "T = 1"),
+        ("calls the reference", "def sinusoidal_positional_encoding(T, D):\n"
+         "    from course_utils.blocks.positional import sinusoidal_positional_encoding as pe\n    return pe(T, D)\n",
+         "calls the course's reference"),
+    ],
+    "apply_rotary": [
+        ("3-D-only code", "def apply_rotary(x, positions=None):\n"
+         "    from course_utils.blocks.positional import frequencies\n    B, T, Dk = x.shape\n"
+         "    positions = torch.arange(T) if positions is None else positions\n"
+         "    angles = positions[:, None].float() * frequencies(Dk)[None, :]\n"
+         "    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n"
+         "    pairs = x.view(B, T, Dk // 2, 2)\n    even, odd = pairs[..., 0], pairs[..., 1]\n"
+         "    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).view(B, T, Dk)\n",
+         "head axis"),
+        ("detached output", "def apply_rotary(x, positions=None):\n"
+         "    from course_utils.blocks.positional import frequencies\n    T, Dk = x.shape[-2:]\n"
+         "    positions = torch.arange(T) if positions is None else positions\n"
+         "    angles = positions[:, None].float() * frequencies(Dk)[None, :]\n"
+         "    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n"
+         "    even, odd = x[..., 0::2], x[..., 1::2]\n    out = torch.empty_like(x)\n"
+         "    out[..., 0::2], out[..., 1::2] = even * cos - odd * sin, even * sin + odd * cos\n"
+         "    return out.detach()\n", "cut off from autograd"),
+        ("calls the reference", "def apply_rotary(x, positions=None):\n"
+         "    from course_utils.blocks.multihead import apply_rotary as rotate\n    return rotate(x, positions)\n",
+         "calls the course's reference"),
+    ],
+    "layer_norm": [
+        ("unstable variance, E[x²] - E[x]²", "def layer_norm(x, weight, bias, eps=1e-5):\n"
+         "    mean = x.mean(dim=-1, keepdim=True)\n    variance = (x * x).mean(dim=-1, keepdim=True) - mean ** 2\n"
+         "    return (x - mean) / torch.sqrt(variance + eps) * weight + bias\n", "far from 0"),
+        (".data", "def layer_norm(x, weight, bias, eps=1e-5):\n    mean = x.mean(dim=-1, keepdim=True)\n"
+         "    variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)\n"
+         "    return (x - mean) / torch.sqrt(variance + eps) * weight.data + bias.data\n", "weight and bias"),
+        ("3-D-only code", "def layer_norm(x, weight, bias, eps=1e-5):\n    mean = x.mean(dim=2, keepdim=True)\n"
+         "    variance = ((x - mean) ** 2).mean(dim=2, keepdim=True)\n"
+         "    return (x - mean) / torch.sqrt(variance + eps) * weight + bias\n", "without a batch axis"),
+        ("F.layer_norm, which the exercise rules out", "def layer_norm(x, weight, bias, eps=1e-5):\n"
+         "    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)\n", "rules out"),
+        ("nn.LayerNorm, which the exercise rules out", "def layer_norm(x, weight, bias, eps=1e-5):\n"
+         "    norm = torch.nn.LayerNorm(x.shape[-1], eps=eps)\n"
+         "    return torch.func.functional_call(norm, {'weight': weight, 'bias': bias}, (x,))\n", "rules out"),
+        ("calls the reference", "def layer_norm(x, weight, bias, eps=1e-5):\n"
+         "    from course_utils.blocks.transformer import LayerNorm\n"
+         "    return torch.func.functional_call(LayerNorm(x.shape[-1], eps), {'weight': weight, 'bias': bias}, (x,))\n",
+         "calls the course's reference"),
+    ],
+    "is_pre_ln": [
+        ("calls the reference", "def is_pre_ln(block, D):\n"
+         "    from course_utils.blocks.transformer import is_pre_ln as reference\n    return reference(block, D)\n",
+         "calls the course's reference"),
+    ],
+    "decoder_layer_forward": [
+        ("the memory normalised by norm2 in a pre-LN layer", _DECODER_LAYER.replace(
+            "h, memory, cross_mask)", "h, layer.norm2(memory) if layer.norm_first else memory, cross_mask)"),
+         "normalised too"),
+        ("memory_mask flipped to PyTorch's convention, masked with -inf", "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
+         "    D, H = x.shape[-1], layer.self_attn.num_heads\n"
+         "    def attend(module, query, source, mask):\n"
+         "        q, k, v = (F.linear(t, w, b) for t, w, b in zip((query, source, source), module.in_proj_weight.chunk(3),\n"
+         "                                                         module.in_proj_bias.chunk(3)))\n"
+         "        q, k, v = (t.view(t.shape[0], t.shape[1], H, D // H).transpose(1, 2) for t in (q, k, v))\n"
+         "        scores = q @ k.transpose(-2, -1) / math.sqrt(D // H)\n"
+         "        if mask is not None:\n"
+         "            scores = scores.masked_fill(~mask, float('-inf'))\n"
+         "        out = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(query.shape)\n"
+         "        return module.out_proj(out)\n"
+         "    causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()\n"
+         "    flipped = None if memory_mask is None else ~memory_mask[:, None]\n"
+         "    ffn = lambda h: layer.linear2(layer.activation(layer.linear1(h)))\n"
+         "    if layer.norm_first:\n"
+         "        x = x + attend(layer.self_attn, layer.norm1(x), layer.norm1(x), causal)\n"
+         "        x = x + attend(layer.multihead_attn, layer.norm2(x), memory, flipped)\n"
+         "        return x + ffn(layer.norm3(x))\n"
+         "    x = layer.norm1(x + attend(layer.self_attn, x, x, causal))\n"
+         "    x = layer.norm2(x + attend(layer.multihead_attn, x, memory, flipped))\n"
+         "    return layer.norm3(x + ffn(x))\n", "NaN"),
+        ("detached output", _DECODER_LAYER.replace(_LAST_LINE, _LAST_LINE.replace("layer.norm_first)", "layer.norm_first).detach()")),
+         "cut off from autograd"),
+        ("a squeeze that breaks at B = 1", _DECODER_LAYER.replace(_LAST_LINE, _LAST_LINE + ".squeeze()"), "B = 1"),
+        ("calls the layer itself", "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
+         "    causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()\n"
+         "    ignore = None if memory_mask is None else ~memory_mask[:, 0]\n"
+         "    return layer(x, memory, tgt_mask=~causal, memory_key_padding_mask=ignore)\n", "the layer itself"),
+        ("calls PyTorch's attention modules", _DECODER_LAYER.replace(
+            "    def attend(attention, query, source, mask):\n",
+            "    def attend(attention, query, source, mask):\n"
+            "        if attention is layer.self_attn:\n"
+            "            return attention(query, source, source, attn_mask=~mask)[0]\n"), "nn.MultiheadAttention"),
+        ("copies the weights with MultiHeadAttention.from_torch", "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
+         "    from course_utils.blocks.masks import causal_mask\n"
+         "    from course_utils.blocks.multihead import MultiHeadAttention\n"
+         "    from course_utils.blocks.transformer import residual\n"
+         "    sa, ca = MultiHeadAttention.from_torch(layer.self_attn), MultiHeadAttention.from_torch(layer.multihead_attn)\n"
+         "    x = residual(x, lambda h: sa(h, mask=causal_mask(x.shape[1])), layer.norm1, layer.norm_first)\n"
+         "    x = residual(x, lambda h: ca(h, memory, mask=memory_mask), layer.norm2, layer.norm_first)\n"
+         "    return residual(x, lambda h: layer.linear2(layer.activation(layer.linear1(h))), layer.norm3, layer.norm_first)\n",
+         "from_torch"),
+        ("calls the reference", "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
+         "    from course_utils.blocks.transformer import decoder_layer_forward as reference\n"
+         "    return reference(layer, x, memory, memory_mask)\n", "calls the course's reference"),
+    ],
+    "online_softmax_update": [
+        ("unstable (exp before the maximum is subtracted)", "def online_softmax_update(m, l, acc, scores, v):\n"
+         "    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))\n"
+         "    shift = m_new.masked_fill(m_new == float('-inf'), 0.0)\n"
+         "    correction = torch.exp(m - shift)\n    p = torch.exp(scores) / torch.exp(shift)\n"
+         "    return m_new, l * correction + p.sum(dim=-1, keepdim=True), acc * correction + p @ v\n", "±1e4"),
+        ("2-D-only code", "def online_softmax_update(m, l, acc, scores, v):\n"
+         "    m_new = torch.maximum(m, scores.max(dim=1, keepdim=True).values)\n"
+         "    shift = m_new.masked_fill(m_new == float('-inf'), 0.0)\n"
+         "    correction, p = torch.exp(m - shift), torch.exp(scores - shift)\n"
+         "    return m_new, l * correction + p.sum(dim=1, keepdim=True), acc * correction + p @ v\n",
+         "leading batch axis"),
+        ("detached probabilities", "def online_softmax_update(m, l, acc, scores, v):\n"
+         "    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))\n"
+         "    shift = m_new.masked_fill(m_new == float('-inf'), 0.0)\n"
+         "    correction, p = torch.exp(m - shift), torch.exp(scores - shift).detach()\n"
+         "    return m_new, l * correction + p.sum(dim=-1, keepdim=True), acc * correction + p @ v\n",
+         "gradient with respect to the scores"),
+        ("calls the reference", "def online_softmax_update(m, l, acc, scores, v):\n"
+         "    from course_utils.experiments import efficiency\n"
+         "    return efficiency.online_softmax_update(m, l, acc, scores, v)\n", "calls the course's reference"),
+    ],
+    "next_token_loss": [
+        ("a squeeze that breaks at B = 1", "def next_token_loss(model, tokens):\n"
+         "    inputs, targets = tokens[:, :-1].squeeze(), tokens[:, 1:].squeeze()\n    logits = model(inputs)\n"
+         "    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))\n", "B = 1"),
+        ("calls the reference", "def next_token_loss(model, tokens):\n"
+         "    from course_utils.blocks.gpt import next_token_loss as loss\n    return loss(model, tokens)\n",
+         "calls the course's reference"),
+    ],
+    "filter_logits": [
+        ("code for (V,) and (B, V) logits only", "def filter_logits(logits, top_k=None, top_p=None):\n"
+         "    if top_k is not None:\n        values = torch.topk(logits, top_k, dim=-1).values\n"
+         "        kth = values[-1:] if logits.dim() == 1 else values[:, -1:]\n"
+         "        logits = logits.masked_fill(logits < kth, float('-inf'))\n"
+         "    if top_p is not None:\n        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)\n"
+         "        probs = torch.softmax(sorted_logits, dim=-1)\n        drop = probs.cumsum(dim=-1) - probs >= top_p\n"
+         "        logits = logits.masked_fill(drop.scatter(-1, order, drop), float('-inf'))\n    return logits\n",
+         "(2, B, V)"),
+        ("calls the reference", "def filter_logits(logits, top_k=None, top_p=None):\n"
+         "    from course_utils.blocks import gpt\n    return gpt.filter_logits(logits, top_k, top_p)\n",
+         "calls the course's reference"),
+    ],
+    "attend_with_cache": [
+        ("a squeeze that breaks at B = 1", "def attend_with_cache(q, k, v, cache=None):\n"
+         "    from course_utils.blocks.gpt import grouped_attention\n    if cache is not None:\n"
+         "        k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)\n"
+         "    T, S = q.shape[2], k.shape[2]\n    mask = torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)\n"
+         "    return grouped_attention(q, k, v, mask).squeeze(0), (k, v)\n", "B = 1"),
+        ("calls the reference", "def attend_with_cache(q, k, v, cache=None):\n"
+         "    from course_utils.blocks.gpt import attend_with_cache as step\n    return step(q, k, v, cache)\n",
+         "calls the course's reference"),
+    ],
+    "causal_tiled_attention": [
+        ("every tile computed, the upper ones masked away", _CAUSAL.replace(
+            "range(0, start + 1, block_size)", "range(0, T, block_size)").replace(
+            "if k_start == start:", "if k_start >= start:").replace("tiles += 1", "tiles += int(k_start <= start)"),
+         "above the diagonal"),
+        ("no mask in the diagonal tile", _CAUSAL.replace("if k_start == start:", "if False:"),
+         "inside the diagonal tile"),
+        ("the triangle mask on every tile", _CAUSAL.replace("if k_start == start:", "if True:").replace(
+            "cols[None, :] > rows[:, None]", "(cols - k_start)[None, :] > (rows - start)[:, None]"), "every tile"),
+        ("the diagonal tile skipped", _CAUSAL.replace("range(0, start + 1, block_size)", "range(0, start, block_size)"),
+         "diagonal tile"),
+        ("a query that does not see itself", _CAUSAL.replace("cols[None, :] > rows", "cols[None, :] >= rows"),
+         "own key"),
+        ("counts every tile, n²", _CAUSAL.replace("return torch.cat(outs, dim=-2), tiles",
+                                                  "return torch.cat(outs, dim=-2), (-(-T // block_size)) ** 2"),
+         "tiles above the diagonal are skipped"),
+        ("a (T, T) mask sliced for each tile", _CAUSAL.replace(_CAUSAL_MASK, (
+            "                allowed = torch.ones(T, T, dtype=torch.bool).tril()\n"
+            "                scores = scores.masked_fill(~allowed[start:start + block_size, k_start:k_start + block_size],"
+            " float('-inf'))\n")), "two axes of T"),
+        ("naive causal attention, not tiled", "def causal_tiled_attention(q, k, v, block_size):\n"
+         "    T = q.shape[-2]\n    n = -(-T // block_size)\n"
+         "    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5\n"
+         "    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float('-inf'))\n"
+         "    return torch.softmax(scores, dim=-1) @ v, n * (n + 1) // 2\n", "two axes of T"),
+        ("blocks by reshape: C must divide T", "def causal_tiled_attention(q, k, v, block_size):\n"
+         "    *lead, T, Dk = q.shape\n    n = T // block_size\n"
+         "    q_blocks = q.reshape(*lead, n, block_size, Dk)\n"
+         "    return q_blocks.reshape(*lead, T, Dk)[..., :v.shape[-1]], n * (n + 1) // 2\n", "shorter"),
+        ("4-D-only code", _CAUSAL.replace("q[..., start:start + block_size, :]", "q[:, :, start:start + block_size, :]"),
+         "4-D"),
+        ("detached scores", _CAUSAL.replace("scores = q_block @ k_block.transpose(-2, -1)",
+                                            "scores = q_block.detach() @ k_block.detach().transpose(-2, -1)"),
+         "cut off from autograd"),
+        ("unscaled scores", _CAUSAL.replace(" / q.shape[-1] ** 0.5", ""), "not scaled"),
+        ("no tile count", _CAUSAL.replace("return torch.cat(outs, dim=-2), tiles", "return torch.cat(outs, dim=-2)"),
+         "return out, tiles"),
+        ("F.scaled_dot_product_attention, which the exercise rules out", "def causal_tiled_attention(q, k, v, block_size):\n"
+         "    n = -(-q.shape[-2] // block_size)\n"
+         "    return F.scaled_dot_product_attention(q, k, v, is_causal=True), n * (n + 1) // 2\n", "rules out"),
+        ("calls the reference", "def causal_tiled_attention(q, k, v, block_size):\n"
+         "    from course_utils.experiments import efficiency\n"
+         "    return efficiency.causal_tiled_attention(q, k, v, block_size)\n", "calls the course's reference"),
+    ],
 }

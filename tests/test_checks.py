@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from buggy_answers import NEW_KINDS
 from course_utils.blocks import attention, masks
 from course_utils.checks import (
     CheckError,
@@ -17,6 +18,7 @@ from course_utils.checks import (
     check_tensor,
     expect_failure,
 )
+from helpers import assert_no_answer_in, exercises, graded_test_cell, notebook_namespace, notebook_solution
 
 DIMS = {"B": 2, "T": 4, "S": 6}
 
@@ -85,7 +87,7 @@ def test_call_turns_missing_and_broken_answers_into_messages():
 
 def test_expect_failure_raises_when_the_check_passes(capsys):
     with pytest.raises(AssertionError, match="accepted an answer it should reject"):
-        expect_failure(check_masked_softmax, attention.masked_softmax)
+        expect_failure(check_masked_softmax, notebook_solution("00_orientation", "masked_softmax"))
     message = expect_failure(check_masked_softmax, lambda s, m: None)
     assert "got None" in message
     assert "check failed, as it should" in capsys.readouterr().out
@@ -94,12 +96,13 @@ def test_expect_failure_raises_when_the_check_passes(capsys):
 # --- exercise checkers: reference passes, every known bug is named ----------
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_checkers_accept_the_reference(seed, capsys):
-    check_padding_mask(masks.padding_mask, seed=seed)
-    check_pairwise_scores(attention.pairwise_scores, seed=seed)
-    check_masked_softmax(attention.masked_softmax, seed=seed)
-    assert capsys.readouterr().out.count("all checks passed") == 3
+@pytest.mark.parametrize(("stem", "grade_id"), exercises(), ids=[g for _, g in exercises()])
+def test_checkers_accept_the_notebook_solution(stem, grade_id, capsys):
+    """The instructor's solution passes its graded test cell, visible and hidden tests, as nbgrader runs it."""
+    namespace = notebook_namespace(stem, grade_id)
+    source = graded_test_cell(stem, grade_id)
+    exec(compile(source, f"<{grade_id}_tests>", "exec"), namespace)  # noqa: S102 - the notebook's own test cell
+    assert capsys.readouterr().out.count("all checks passed") == source.count("check_") >= 2
 
 
 def _inplace_mask(lengths, S):
@@ -246,25 +249,8 @@ from course_utils.checks import (  # noqa: E402
 )
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_seq2seq_checkers_accept_the_reference(seed, capsys):
-    check_final_states(seq2seq.final_states, seed=seed)
-    check_sequence_exact_match(training.sequence_exact_match, seed=seed)
-    check_additive_scores(scorers.additive_scores, seed=seed)
-    check_additive_scores(scorers.additive_scores, seed=seed, B=4, S=4)
-    check_attend(scorers.attend, seed=seed)
-    check_bilinear_scores(scorers.bilinear_scores, seed=seed)
-    check_bilinear_scores(scorers.bilinear_scores, seed=seed, R=4, Dk=4)
-    assert capsys.readouterr().out.count("all checks passed") == 7
-
-
-def assert_no_answer_in(message):
-    """Notebook 01's checkers name the bug in words: no solution code, no entry of the expected answer."""
-    if "raised" in message:  # the message then quotes the learner's own line, which may hold any code
-        return
-    for code in ("torch.arange", "lengths - 1]", "lengths[b] - 1", ".all(", "!= pad", "expected -", "expected 0",
-                 "expected 1"):
-        assert code not in message, f"{code!r} in {message!r}"
+NOTEBOOK_01_CODE = ("torch.arange", "lengths - 1]", "lengths[b] - 1", ".all(", "!= pad", "expected -", "expected 0",
+                    "expected 1")  # notebook 01's checkers name the bug in words: none of its solution code
 
 
 FINAL_BUGS = [
@@ -286,7 +272,7 @@ def test_check_final_states_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_final_states(buggy)
     assert fragment in str(err.value)
-    assert_no_answer_in(str(err.value))
+    assert_no_answer_in(str(err.value), NOTEBOOK_01_CODE)
 
 
 MATCH_BUGS = [
@@ -308,16 +294,12 @@ def test_check_sequence_exact_match_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_sequence_exact_match(buggy)
     assert fragment in str(err.value)
-    assert_no_answer_in(str(err.value))
+    assert_no_answer_in(str(err.value), NOTEBOOK_01_CODE)
 
 
-def assert_no_code_in(message):
-    """Notebook 02's checkers name the bug in words: no indexing, operator or call that fixes it."""
-    learner_line = message.split("look at ", 1)[1].split("\n", 1)[0] if "look at " in message else ""
-    message = message.replace(learner_line, "")  # a raised error quotes the learner's own line, which may hold any code
-    for code in ("[:, None", "None, :]", "[:, :, None]", "unsqueeze", "squeeze", "@ v", "@ W", "bmm", "einsum",
-                 ".sum(", "dim=", "masked_fill", "-inf", "q_proj[", "query[b]", "keys[b", ".T"):
-        assert code not in message, f"{code!r} in {message!r}"
+# Notebook 02's checkers name the bug in words: no indexing, operator or call that fixes it.
+NOTEBOOK_02_CODE = ("[:, None", "None, :]", "[:, :, None]", "unsqueeze(", "squeeze(1)", "@ v", "@ W", "bmm", "einsum",
+                    ".sum(", "dim=", "masked_fill", "-inf", "q_proj[", "query[b]", "keys[b", ".T")
 
 
 ADDITIVE_BUGS = [
@@ -337,7 +319,7 @@ def test_check_additive_scores_names_the_bug(buggy, kwargs, fragment):
     with pytest.raises(CheckError) as err:
         check_additive_scores(buggy, **kwargs)
     assert fragment in str(err.value)
-    assert_no_code_in(str(err.value))
+    assert_no_answer_in(str(err.value), NOTEBOOK_02_CODE)
 
 
 def _attend_wrong_dim(scores, values, mask):
@@ -376,7 +358,7 @@ def test_check_attend_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_attend(buggy)
     assert fragment in str(err.value)
-    assert_no_code_in(str(err.value))
+    assert_no_answer_in(str(err.value), NOTEBOOK_02_CODE)
 
 
 BILINEAR_BUGS = [
@@ -394,7 +376,7 @@ def test_check_bilinear_scores_names_the_bug(buggy, kwargs, fragment):
     with pytest.raises(CheckError) as err:
         check_bilinear_scores(buggy, **kwargs)
     assert fragment in str(err.value)
-    assert_no_code_in(str(err.value))
+    assert_no_answer_in(str(err.value), NOTEBOOK_02_CODE)
 
 
 def _step_variant(query_after_update=False, mask=True, return_old_state=False, swap_inputs=False, values="states"):
@@ -438,7 +420,7 @@ def test_check_attention_step_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_attention_step(buggy)
     assert fragment in str(err.value)
-    assert_no_code_in(str(err.value))
+    assert_no_answer_in(str(err.value), NOTEBOOK_02_CODE)
 
 
 def test_check_attention_step_leaves_the_global_random_state_alone():
@@ -464,15 +446,11 @@ from course_utils.checks import (  # noqa: E402
 )
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_self_attention_checkers_accept_the_reference(seed, capsys):
-    check_scaled_dot_product_attention(attention.scaled_dot_product_attention, seed=seed)
-    check_scaled_dot_product_attention(attention.scaled_dot_product_attention, seed=seed, B=1, H=1, T=2, S=3, Dk=4, Dv=5)
-    check_attention_entropy(attention.attention_entropy, seed=seed)
-    check_scaled_scores(attention.scaled_scores, seed=seed)
+def test_check_spot_the_error_accepts_any_iterable_of_the_numbers(capsys):
     check_spot_the_error(set(WORKED_EXAMPLE_WRONG))
-    check_spot_the_error(sorted(WORKED_EXAMPLE_WRONG))  # any iterable of the numbers
-    assert capsys.readouterr().out.count("all checks passed") == 6
+    check_spot_the_error(sorted(WORKED_EXAMPLE_WRONG))
+    check_spot_the_error(tuple(WORKED_EXAMPLE_WRONG))
+    assert capsys.readouterr().out.count("all checks passed") == 3
 
 
 def _sdpa(scale_fn=None, dim=-1, weights_fn=None, mask_fn=None, order=None):
@@ -550,9 +528,11 @@ def test_check_scaled_dot_product_attention_names_the_bug(buggy, fragment):
         (3, "expected a set of statement numbers"),
         ({"1"}, "'1' is not a statement number"),
         ({1, 9}, "9 is not a statement number"),
-        (set(), "4 of the 8 statements misjudged"),
-        (set(WORKED_EXAMPLE_WRONG) - {5}, "1 of the 8 statements misjudged. Look again at\n  the scores and their scale"),
-        (set(WORKED_EXAMPLE_WRONG) | {7}, "1 of the 8 statements misjudged. Look again at\n  the weights"),
+        (set(), "4 of the 8 statements misjudged: 0 of the 0 statements in your set are right, and your set misses 4"),
+        (set(WORKED_EXAMPLE_WRONG) - {5}, "1 of the 8 statements misjudged: 0 of the 3 statements in your set are "
+                                          "right, and your set misses 1 of the wrong ones"),
+        (set(WORKED_EXAMPLE_WRONG) | {7}, "1 of the 8 statements misjudged: 1 of the 5 statements in your set is "
+                                          "right, and your set misses 0 of the wrong ones"),
     ],
 )
 def test_check_spot_the_error_names_the_mistake(answer, fragment):
@@ -562,37 +542,30 @@ def test_check_spot_the_error_names_the_mistake(answer, fragment):
 
 
 def test_check_spot_the_error_does_not_reveal_the_key():
-    """Over all 256 answers, the message depends only on how many statements are misjudged in each topic.
-
-    Every topic holds one wrong and one right statement, so an answer that misses the wrong one and an
-    answer that flags the right one get the same message: no message says which statements are wrong.
-    """
+    """Over all 256 answers, the message depends only on how many chosen statements are right and how many wrong
+    ones are missing: two answers with the same counts get the same message, so no message says which."""
     import itertools
-    import re
 
-    from course_utils.checks.self_attention import _TOPICS, WORKED_EXAMPLE_STATEMENTS
+    from course_utils.checks import WORKED_EXAMPLE_STATEMENTS
 
-    assert sorted(n for members in _TOPICS.values() for n in members) == sorted(WORKED_EXAMPLE_STATEMENTS)
-    assert all(len(set(members) & WORKED_EXAMPLE_WRONG) == 1 and len(members) == 2 for members in _TOPICS.values())
-    by_pattern: dict[tuple[int, ...], set[str]] = {}
+    by_counts: dict[tuple[int, int, int], set[str]] = {}
     for size in range(9):
         for answer in itertools.combinations(range(1, 9), size):
-            misjudged = set(answer) ^ WORKED_EXAMPLE_WRONG
             try:
                 check_spot_the_error(set(answer))
                 message = "passed"
             except CheckError as err:
                 message = str(err)
-            assert not re.search(r"statement \d", message), message
+            assert not re.search(r"statement \d|\{\d", message), message
             assert not any(text in message for text in WORKED_EXAMPLE_STATEMENTS.values()), message
-            pattern = tuple(len(misjudged & set(members)) for members in _TOPICS.values())
-            by_pattern.setdefault(pattern, set()).add(message)
-    assert all(len(messages) == 1 for messages in by_pattern.values()), "a message depends on more than the topics"
-    with pytest.raises(CheckError) as missed_one:
-        check_spot_the_error(set(WORKED_EXAMPLE_WRONG) - {4})  # the wrong statement of a topic not flagged ...
-    with pytest.raises(CheckError) as flagged_one:
-        check_spot_the_error(set(WORKED_EXAMPLE_WRONG) | {7})  # ... or its right statement flagged: one message
-    assert str(missed_one.value) == str(flagged_one.value)
+            counts = (len(answer), len(set(answer) - WORKED_EXAMPLE_WRONG), len(WORKED_EXAMPLE_WRONG - set(answer)))
+            by_counts.setdefault(counts, set()).add(message)
+    assert all(len(messages) == 1 for messages in by_counts.values()), "a message depends on more than the counts"
+    with pytest.raises(CheckError) as one:
+        check_spot_the_error(set(WORKED_EXAMPLE_WRONG) - {4} | {7})  # a wrong statement missed, a right one flagged
+    with pytest.raises(CheckError) as other:
+        check_spot_the_error(set(WORKED_EXAMPLE_WRONG) - {1} | {2})  # another pair: the same message
+    assert str(one.value) == str(other.value)
 
 
 def test_worked_example_explanation_covers_every_statement():
@@ -600,14 +573,9 @@ def test_worked_example_explanation_covers_every_statement():
     assert len(lines) == 8 and sum("**wrong**" in line for line in lines) == len(WORKED_EXAMPLE_WRONG)
 
 
-def assert_no_solution_in_04(message):
-    """Notebook 04's checkers name the bug in words: no code of the solution, no technique that fixes it."""
-    learner_line = message.split("look at ", 1)[1].split("\n", 1)[0] if "look at " in message else ""
-    message = message.replace(learner_line, "")  # a raised error quotes the learner's own line
-    for code in ("q.shape[-1]", "clamp", "xlogy", "finfo", "transpose(-2, -1)", "dim=-1", ".sum(", "1e-30",
-                 "/ sqrt(Dh)", "divide by sqrt"):
-        assert code not in message, f"{code!r} in {message!r}"
-    assert not re.search(r"expected -?\d", message), message  # no entry of the expected answer
+# Notebook 04's checkers name the bug in words: no code of the solution, no technique that fixes it.
+NOTEBOOK_04_CODE = ("q.shape[-1]", "clamp", "xlogy", "finfo", "transpose(-2, -1)", "dim=-1", ".sum(", "1e-30",
+                    "/ sqrt(Dh)", "divide by sqrt")
 
 
 ENTROPY_BUGS = [
@@ -635,7 +603,7 @@ def test_check_attention_entropy_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_attention_entropy(buggy)
     assert fragment in str(err.value)
-    assert_no_solution_in_04(str(err.value))
+    assert_no_answer_in(str(err.value), NOTEBOOK_04_CODE)
 
 
 SCALED_SCORE_BUGS = [
@@ -664,7 +632,7 @@ def test_check_scaled_scores_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_scaled_scores(buggy)
     assert fragment in str(err.value)
-    assert_no_solution_in_04(str(err.value))
+    assert_no_answer_in(str(err.value), NOTEBOOK_04_CODE)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -710,3 +678,464 @@ def test_check_attention_scale_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_attention_scale(buggy)
     assert fragment in str(err.value)
+
+
+# --- issue 14: kinds of wrong answers the checkers used to accept ------------------------------------------
+
+import sys  # noqa: E402
+
+import torch.nn.functional as F  # noqa: E402
+
+from course_utils import checks  # noqa: E402
+from course_utils.blocks import gpt, multihead, positional, transformer  # noqa: E402
+from course_utils.experiments import efficiency  # noqa: E402
+
+STEM = dict((grade_id, stem) for stem, grade_id in exercises())
+FUNCTIONS = [grade_id for grade_id in STEM if grade_id != "spot_the_error"]  # the exercises that write a function
+
+
+def test_every_function_exercise_has_new_kinds_of_buggy_answers():
+    assert set(NEW_KINDS) == set(FUNCTIONS)
+    assert all(any(kind == "calls the reference" for kind, _, _ in kinds) for kinds in NEW_KINDS.values())
+
+
+@pytest.mark.parametrize(("grade_id", "kind", "source", "fragment"),
+                         [(g, kind, source, fragment) for g, kinds in NEW_KINDS.items() for kind, source, fragment in kinds],
+                         ids=[f"{g}: {kind}" for g, kinds in NEW_KINDS.items() for kind, _, _ in kinds])
+def test_new_kinds_of_buggy_answers_are_rejected_with_a_message_that_names_the_bug(grade_id, kind, source, fragment):
+    namespace = {"torch": torch, "math": math, "F": F}
+    exec(source, namespace)  # noqa: S102 - test fixture code
+    with pytest.raises(CheckError) as err:
+        getattr(checks, f"check_{grade_id}")(namespace[grade_id])
+    message = str(err.value)
+    assert fragment in message, message
+    assert_no_answer_in(message, solution=(STEM[grade_id], grade_id))
+    assert sys.getprofile() is None, "the reference guard left its profile hook behind"
+
+
+# The course's own function for each exercise's job: a learner must not hand it in, nor call it.
+REFERENCES = {
+    "padding_mask": masks.padding_mask,
+    "pairwise_scores": attention.pairwise_scores,
+    "masked_softmax": attention.masked_softmax,
+    "final_states": seq2seq.final_states,
+    "sequence_exact_match": training.sequence_exact_match,
+    "additive_scores": scorers.additive_scores,
+    "attend": scorers.attend,
+    "bilinear_scores": scorers.bilinear_scores,
+    "luong_step": seq2seq.luong_step,
+    "scaled_dot_product_attention": attention.scaled_dot_product_attention,
+    "attention_entropy": attention.attention_entropy,
+    "scaled_scores": attention.scaled_scores,
+    "split_heads": multihead.split_heads,
+    "merge_heads": multihead.merge_heads,
+    "multi_head_attention": multihead.multi_head_attention,
+    "sinusoidal_positional_encoding": positional.sinusoidal_positional_encoding,
+    "apply_rotary": positional.apply_rotary,
+    "layer_norm": transformer.layer_norm,
+    "is_pre_ln": transformer.is_pre_ln,
+    "decoder_layer_forward": transformer.decoder_layer_forward,
+    "online_softmax_update": efficiency.online_softmax_update,
+    "next_token_loss": gpt.next_token_loss,
+    "filter_logits": gpt.filter_logits,
+    "attend_with_cache": gpt.attend_with_cache,
+}
+
+
+@pytest.mark.parametrize("grade_id", FUNCTIONS)
+def test_checkers_reject_the_reference_and_a_function_that_calls_it(grade_id):
+    checker, reference = getattr(checks, f"check_{grade_id}"), REFERENCES[grade_id]
+    dotted = f"`{reference.__module__}.{reference.__qualname__}`"
+    with pytest.raises(CheckError, match="itself, not your function") as err:
+        checker(reference)
+    assert dotted in str(err.value)
+    with pytest.raises(CheckError, match="calls the course's reference") as err:
+        checker(lambda *args: reference(*args))
+    assert dotted in str(err.value) and "write it yourself" in str(err.value)
+    assert sys.getprofile() is None
+
+
+def test_a_function_that_calls_the_reference_wrongly_is_told_its_real_bug():
+    """The call is reported only when nothing else is wrong: notebook 00's pitfall calls the reference with ~mask."""
+    with pytest.raises(CheckError, match="the mask is inverted"):
+        check_masked_softmax(lambda scores, mask: attention.masked_softmax(scores, ~mask))
+
+
+def test_the_reference_guard_leaves_a_running_profiler_alone(capsys):
+    def profiler(frame, event, arg):
+        return None
+
+    solution = notebook_solution("00_orientation", "masked_softmax")
+    sys.setprofile(profiler)
+    try:
+        check_masked_softmax(solution)
+        check_masked_softmax(lambda scores, mask: attention.masked_softmax(scores, mask))  # not watched meanwhile
+        assert sys.getprofile() is profiler
+    finally:
+        sys.setprofile(None)
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+# --- notebook 02, exercise 4: Luong's decoder step -------------------------------------------------
+
+from course_utils.checks import check_luong_step  # noqa: E402
+
+
+def _luong_variant(**change):
+    """seq2seq.luong_step with one deliberate change; no change gives the reference's values."""
+
+    def step(emb, state, enc_states, projected_keys, mask, cell, scorer, W_c):
+        new = cell(emb, state)  # s_i
+        query = state if change.get("query") == "old" else new
+        context, weights = scorers.attend(scorer.score(query, projected_keys), enc_states, mask)
+        attentional = torch.tanh(torch.cat([context, new], dim=-1) @ W_c.T)
+        if change.get("order") == "attentional second":
+            return new, attentional, context, weights
+        return new, context, attentional, weights
+
+    return step
+
+
+@pytest.mark.parametrize(("score", "sizes"), [("additive", {}), ("concat", {"R": 3, "Dk": 9}),
+                                              ("bilinear", {"B": 4, "S": 4, "R": 5, "Dk": 5}),
+                                              ("dot", {"B": 1, "S": 7, "R": 6, "Dk": 6}), ("additive", {"S": 1})])
+def test_check_luong_step_accepts_the_reference_with_every_scorer(score, sizes, capsys):
+    check_luong_step(_luong_variant(), score=score, **sizes)  # the helper itself, unchanged, is right
+    check_luong_step(notebook_solution("02_bahdanau_attention", "luong_step"), seed=1, score=score, **sizes)
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+@pytest.mark.parametrize("score", ["additive", "bilinear"])
+def test_check_luong_step_names_bahdanaus_order(score):
+    """The bug the exercise is about: querying with s_{i-1}, as section 4's decoder does."""
+    with pytest.raises(CheckError, match="Bahdanau's order") as err:
+        check_luong_step(_luong_variant(query="old"), score=score)
+    assert_no_answer_in(str(err.value), solution=("02_bahdanau_attention", "luong_step"))
+
+
+def test_check_luong_step_names_outputs_in_the_wrong_order():
+    with pytest.raises(CheckError, match="wrong order"):
+        check_luong_step(_luong_variant(order="attentional second"))  # R != Dk: caught by the shapes
+    with pytest.raises(CheckError, match="this is the attentional state"):
+        check_luong_step(_luong_variant(order="attentional second"), R=5, Dk=5)  # equal widths: by the values
+
+
+def test_check_luong_step_refuses_a_dot_score_of_unequal_widths_and_leaves_the_random_state_alone():
+    with pytest.raises(ValueError, match="R == Dk"):
+        check_luong_step(_luong_variant(), score="dot", R=4, Dk=6)
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    check_luong_step(_luong_variant())
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
+# --- notebook 08, exercise 2: causal attention in tiles --------------------------------------------------------
+
+from course_utils.checks import check_causal_tiled_attention  # noqa: E402
+
+REFERENCES["causal_tiled_attention"] = efficiency.causal_tiled_attention
+
+
+def _causal_by_strips(q, k, v, block_size):
+    """Right, written another way: one product per query block over all the keys up to the end of the block."""
+    T, outs = q.shape[-2], []
+    for start in range(0, T, block_size):
+        q_block = q[..., start:start + block_size, :]
+        end = start + q_block.shape[-2]
+        scores = q_block @ k[..., :end, :].transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., Cq, end)
+        later = torch.arange(end)[None, :] > torch.arange(start, end)[:, None]  # (Cq, end)
+        outs.append(torch.softmax(scores.masked_fill(later, float("-inf")), dim=-1) @ v[..., :end, :])
+    n = len(outs)
+    return torch.cat(outs, dim=-2), n * (n + 1) // 2
+
+
+def _causal_into_one_output(q, k, v, block_size):
+    """Right, written another way: the blocks written into one output tensor, the diagonal mask from triu."""
+    T = q.shape[-2]
+    out = torch.zeros(*q.shape[:-1], v.shape[-1])
+    tiles = 0
+    for start in range(0, T, block_size):
+        q_block = q[..., start:start + block_size, :]
+        Cq = q_block.shape[-2]
+        m = torch.full((*q_block.shape[:-1], 1), float("-inf"))
+        l, acc = torch.zeros_like(m), torch.zeros(*q_block.shape[:-1], v.shape[-1])
+        for k_start in range(0, start + 1, block_size):
+            scores = torch.einsum("...id,...jd->...ij", q_block, k[..., k_start:k_start + block_size, :])
+            scores = scores * q.shape[-1] ** -0.5
+            if k_start == start:
+                scores = scores.masked_fill(torch.ones(Cq, Cq, dtype=torch.bool).triu(1), float("-inf"))
+            m, l, acc = efficiency.online_softmax_update(m, l, acc, scores, v[..., k_start:k_start + block_size, :])
+            tiles += 1
+        out[..., start:start + Cq, :] = acc / l
+    return out, tiles
+
+
+@pytest.mark.parametrize("answer", [_causal_by_strips, _causal_into_one_output])
+def test_check_causal_tiled_attention_accepts_right_answers_written_another_way(answer, capsys):
+    check_causal_tiled_attention(answer)
+    check_causal_tiled_attention(answer, seed=1, B=1, H=2, T=7, Dk=3, Dv=4, block_size=3)
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+def test_check_causal_tiled_attention_measures_the_work_not_only_the_values():
+    """Every tile computed and the upper ones masked gives the right out and the right count: the multiply-adds tell."""
+    def every_tile(q, k, v, block_size):
+        T, outs = q.shape[-2], []
+        for start in range(0, T, block_size):  # each query block against every key, the later ones masked
+            q_block = q[..., start:start + block_size, :]
+            scores = q_block @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., Cq, T)
+            later = torch.arange(T)[None, :] > torch.arange(start, start + q_block.shape[-2])[:, None]  # (Cq, T)
+            outs.append(torch.softmax(scores.masked_fill(later, float("-inf")), dim=-1) @ v)
+        n = len(outs)
+        return torch.cat(outs, dim=-2), n * (n + 1) // 2
+
+    with pytest.raises(CheckError, match="times the multiply-adds of the tiles at or below the diagonal") as err:
+        check_causal_tiled_attention(every_tile)
+    assert "works for" not in str(err.value)  # caught at the sizes asked for, before any other shape
+    assert sys.getprofile() is None
+
+
+# --- notebook 07, exercise 3: PyTorch's decoder layer, computed from its weights ------------------------------
+
+from buggy_answers import _DECODER_LAYER, _LAST_LINE  # noqa: E402
+from course_utils.checks import check_decoder_layer_forward  # noqa: E402
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread, as setup() gives every notebook: tiny tensors are slow with two threads on a busy CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _own_attention_decoder(layer, x, memory, memory_mask=None):
+    """Another right answer: the heads and the attention written out, PyTorch's sdpa, no part of the course."""
+    D, H = x.shape[-1], layer.self_attn.num_heads
+
+    def attend(module, query, source, mask):
+        w, b = module.in_proj_weight, module.in_proj_bias
+        q, k, v = (F.linear(t, w[i * D:(i + 1) * D], b[i * D:(i + 1) * D]) for i, t in enumerate((query, source, source)))
+        q, k, v = (t.view(t.shape[0], t.shape[1], H, D // H).transpose(1, 2) for t in (q, k, v))  # (B, H, len, Dh)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, Dh)
+        return module.out_proj(out.transpose(1, 2).reshape(query.shape))
+
+    causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+    pad = None if memory_mask is None else memory_mask[:, None]
+    ffn = lambda h: layer.linear2(layer.activation(layer.linear1(h)))  # noqa: E731
+    if layer.norm_first:
+        x = x + attend(layer.self_attn, layer.norm1(x), layer.norm1(x), causal)
+        x = x + attend(layer.multihead_attn, layer.norm2(x), memory, pad)
+        return x + ffn(layer.norm3(x))
+    x = layer.norm1(x + attend(layer.self_attn, x, x, causal))
+    x = layer.norm2(x + attend(layer.multihead_attn, x, memory, pad))
+    return layer.norm3(x + ffn(x))
+
+
+def _copied_into_our_block(layer, x, memory, memory_mask=None):
+    """Another right answer: section 6's decoder block, with PyTorch's weights copied in by hand."""
+    D = layer.self_attn.embed_dim
+    ours = transformer.TransformerDecoderBlock(D, layer.self_attn.num_heads, layer.linear1.out_features,
+                                               norm_first=layer.norm_first,
+                                               activation="gelu" if layer.activation is F.gelu else "relu")
+    with torch.no_grad():
+        for mine, theirs in ((ours.self_attn, layer.self_attn), (ours.cross_attn, layer.multihead_attn)):
+            for i, proj in enumerate((mine.q_proj, mine.k_proj, mine.v_proj)):
+                proj.weight.copy_(theirs.in_proj_weight[i * D:(i + 1) * D])
+                proj.bias.copy_(theirs.in_proj_bias[i * D:(i + 1) * D])
+            mine.out_proj.load_state_dict(theirs.out_proj.state_dict())
+        ours.feed_forward.linear1.load_state_dict(layer.linear1.state_dict())
+        ours.feed_forward.linear2.load_state_dict(layer.linear2.state_dict())
+        for name in ("norm1", "norm2", "norm3"):
+            getattr(ours, name).load_state_dict(getattr(layer, name).state_dict())
+    return ours(x, memory, memory_mask)
+
+
+@pytest.mark.parametrize("answer", ["notebook", "own attention", "copied into our block"])
+def test_check_decoder_layer_forward_accepts_right_answers_and_keeps_the_random_state(answer, one_thread, capsys):
+    fn = {"notebook": notebook_solution("07_transformer_block", "decoder_layer_forward"),
+          "own attention": _own_attention_decoder, "copied into our block": _copied_into_our_block}[answer]
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    check_decoder_layer_forward(fn)
+    check_decoder_layer_forward(fn, seed=1, B=3, T=6, S=2, D=12, H=3)
+    check_decoder_layer_forward(fn, seed=2, B=1, T=5, S=7, D=8, H=1)
+    if answer != "copied into our block":  # that answer builds new modules, which draws random numbers itself
+        assert torch.equal(torch.random.get_rng_state(), before), "the checker changed the learner's random state"
+    assert capsys.readouterr().out.count("all checks passed") == 3
+
+
+def _projections(source: str, q: str, k: str, v: str) -> str:
+    """The answer with other projection functions (each a function of h, from w_q, b_q, ...)."""
+    return (source.replace("lambda h: F.linear(h, w_q, b_q)", f"lambda h: {q}")
+            .replace("lambda h: F.linear(h, w_k, b_k)", f"lambda h: {k}")
+            .replace("lambda h: F.linear(h, w_v, b_v)", f"lambda h: {v}"))
+
+
+DECODER_LAYER_BUGS = [
+    ("no causal mask", _DECODER_LAYER.replace("h, h, causal)", "h, h, None)"), "is causal"),
+    ("causal mask flipped", _DECODER_LAYER.replace("h, h, causal)", "h, h, ~causal)"), "causal mask is flipped"),
+    ("memory_mask ignored", _DECODER_LAYER.replace("memory, cross_mask)", "memory, None)"), "padded source positions"),
+    ("memory_mask flipped", _DECODER_LAYER.replace("memory, cross_mask)", "memory, None if cross_mask is None else ~cross_mask)"),
+     "memory_mask is flipped"),
+    ("queries and keys swapped", _DECODER_LAYER.replace("w_q, w_k, w_v =", "w_k, w_q, w_v =").replace("b_q, b_k, b_v =", "b_k, b_q, b_v ="),
+     "the queries and the keys were projected with each other's block"),
+    ("keys and values swapped", _DECODER_LAYER.replace("w_q, w_k, w_v =", "w_q, w_v, w_k =").replace("b_q, b_k, b_v =", "b_q, b_v, b_k ="),
+     "the keys and the values were projected with each other's block"),
+    ("queries and values swapped", _DECODER_LAYER.replace("w_q, w_k, w_v =", "w_v, w_k, w_q =").replace("b_q, b_k, b_v =", "b_v, b_k, b_q ="),
+     "the queries and the values were projected with each other's block"),
+    ("weights not transposed", _projections(_DECODER_LAYER, "h @ w_q + b_q", "h @ w_k + b_k", "h @ w_v + b_v"), "(out, in)"),
+    ("no in_proj_bias", _projections(_DECODER_LAYER, "F.linear(h, w_q)", "F.linear(h, w_k)", "F.linear(h, w_v)"),
+     "in_proj_bias is missing"),
+    ("always post-LN", _DECODER_LAYER.replace("layer.norm_first)", "False)"), "so it is pre-LN"),
+    ("always pre-LN", _DECODER_LAYER.replace("layer.norm_first)", "True)"), "so it is post-LN"),
+    ("cross-attention over the target", _DECODER_LAYER.replace("h, memory, cross_mask)", "h, h, None)"), "target again"),
+    ("no output projection", _DECODER_LAYER.replace("attention.out_proj,", "lambda h: h,"), "out_proj) is missing"),
+    ("ReLU for every layer", _DECODER_LAYER.replace("layer.activation(", "torch.relu("), "activation is GELU"),
+    ("scores scaled by the model width", "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
+     "    D, H = x.shape[-1], layer.self_attn.num_heads\n"
+     "    def attend(module, query, source, mask):\n"
+     "        q, k, v = (F.linear(t, w, b) for t, w, b in zip((query, source, source), module.in_proj_weight.chunk(3),\n"
+     "                                                         module.in_proj_bias.chunk(3)))\n"
+     "        q, k, v = (t.view(t.shape[0], t.shape[1], H, D // H).transpose(1, 2) for t in (q, k, v))\n"
+     "        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=D ** -0.5)\n"
+     "        return module.out_proj(out.transpose(1, 2).reshape(query.shape))\n"
+     "    causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()\n"
+     "    pad = None if memory_mask is None else memory_mask[:, None]\n"
+     "    if layer.norm_first:\n"
+     "        x = x + attend(layer.self_attn, layer.norm1(x), layer.norm1(x), causal)\n"
+     "        x = x + attend(layer.multihead_attn, layer.norm2(x), memory, pad)\n"
+     "        return x + layer.linear2(layer.activation(layer.linear1(layer.norm3(x))))\n"
+     "    x = layer.norm1(x + attend(layer.self_attn, x, x, causal))\n"
+     "    x = layer.norm2(x + attend(layer.multihead_attn, x, memory, pad))\n"
+     "    return layer.norm3(x + layer.linear2(layer.activation(layer.linear1(x))))\n", "1/sqrt(D), D the model width"),
+    ("x changed in place", _DECODER_LAYER.replace("    causal = causal_mask(x.shape[1])\n",
+                                                  "    causal = causal_mask(x.shape[1])\n    x += 0.0 * x\n    x.mul_(1.0)\n"
+                                                  "    x.add_(1.0).sub_(1.0)\n"), "in place"),
+    ("the layer's weights changed", _DECODER_LAYER.replace("    causal = causal_mask(x.shape[1])\n",
+                                                           "    causal = causal_mask(x.shape[1])\n"
+                                                           "    layer.self_attn.in_proj_bias.data.mul_(0.5)\n"), "changed the layer's weights"),
+    ("the memory's length taken from x", _DECODER_LAYER.replace(
+        "cross_mask = None if memory_mask is None else memory_mask[:, None]",
+        "cross_mask = None if memory_mask is None else memory_mask[:, None, :, :x.shape[1]]"), "memory has its own length S"),
+]
+
+
+@pytest.mark.parametrize(("kind", "source", "fragment"), DECODER_LAYER_BUGS, ids=[kind for kind, _, _ in DECODER_LAYER_BUGS])
+def test_check_decoder_layer_forward_names_the_bug(kind, source, fragment, one_thread):
+    namespace = {"torch": torch, "math": math, "F": F}
+    exec(source, namespace)  # noqa: S102 - test fixture code
+    with pytest.raises(CheckError) as err:
+        check_decoder_layer_forward(namespace["decoder_layer_forward"])
+    message = str(err.value)
+    assert fragment in message, message
+    assert_no_answer_in(message, solution=("07_transformer_block", "decoder_layer_forward"))
+    assert sys.getprofile() is None
+
+
+def test_the_buggy_answers_differ_from_the_right_one_only_where_they_say(one_thread):
+    """Each buggy answer above is the right one (the checker accepts it) with one change."""
+    namespace = {"torch": torch, "math": math, "F": F}
+    exec(_DECODER_LAYER, namespace)  # noqa: S102 - test fixture code
+    check_decoder_layer_forward(namespace["decoder_layer_forward"])
+    assert _LAST_LINE in _DECODER_LAYER
+    assert all(source != _DECODER_LAYER for _, source, _ in DECODER_LAYER_BUGS), "a replacement that changed nothing"
+
+
+# --- notebook 04, exercise 3: a measurement, graded against the reference measurement on the same draws -------
+
+from course_utils.checks import check_saturation_width  # noqa: E402
+from course_utils.experiments import scaling as scaling_experiments  # noqa: E402
+
+REFERENCES["saturation_width"] = scaling_experiments.saturation_width  # for the reference-guard test above
+
+_WIDTH = (
+    "def saturation_width(Dks, S, T, generator, threshold=0.9):\n"
+    "    for Dk in Dks:\n"
+    "        q = torch.randn(T, Dk, generator=generator)\n"
+    "        k = torch.randn(S, Dk, generator=generator)\n"
+    "        weights = torch.softmax(q @ k.T, dim=-1)\n"
+    "        if weights.amax(dim=-1).mean() > threshold:\n"
+    "            return Dk\n"
+    "    return None\n"
+)
+_Q = "        q = torch.randn(T, Dk, generator=generator)\n"
+_K = "        k = torch.randn(S, Dk, generator=generator)\n"
+
+
+def _width_source(*replacements: tuple[str, str]) -> str:
+    source = _WIDTH
+    for old, new in replacements:
+        assert old in source, old
+        source = source.replace(old, new)
+    return source
+
+
+SATURATION_WIDTH_BUGS = [
+    (_width_source(("q @ k.T", "q @ k.T / math.sqrt(Dk)")), "divided by sqrt(Dk)"),
+    (_width_source((_Q + _K, _K + _Q)), "drawn before the queries"),
+    (_width_source(("generator=generator)", "generator=generator, dtype=torch.float64)")), "float64"),
+    (_width_source((_K, "        k = torch.randn(T, S, Dk, generator=generator)\n"),
+                   ("torch.softmax(q @ k.T", "torch.softmax((q[:, None, :] * k).sum(-1)")), "keys of its own"),
+    (_width_source(("dim=-1)\n", "dim=0)\n")), "over the queries"),
+    (_width_source((".mean()", ".median()")), "median"),
+    (_width_source(("weights.amax(dim=-1).mean()", "weights.max()")), "single largest weight of all queries"),
+    (_width_source(("> threshold", ">= threshold")), "not `>=`"),
+    (_width_source(("> threshold", "> 0.9")), "threshold passed in was not used"),
+    (_width_source(("torch.softmax(q @ k.T, dim=-1)", "(q @ k.T).exp() / (q @ k.T).exp().sum(-1, keepdim=True)")),
+     "overflowed"),
+    (_width_source(("generator=generator", "")), "drew no numbers from `generator`"),
+    (_width_source(("            return Dk\n", "            passing.append(Dk)\n"),
+                   ("    for Dk in Dks:\n", "    passing = []\n    for Dk in Dks:\n"),
+                   ("    return None\n", "    return passing[-1] if passing else None\n")), "the last width that passes"),
+    (_width_source(("            return Dk\n", "            passing.append(Dk)\n"),
+                   ("    for Dk in Dks:\n", "    passing = []\n    for Dk in Dks:\n"),
+                   ("    return None\n", "    return passing[0] if passing else None\n")), "went on drawing"),
+    (_width_source(("            return Dk\n", "            return before\n        before = Dk\n"),
+                   ("    for Dk in Dks:\n", "    before = None\n    for Dk in Dks:\n")), "off by one width"),
+    (_width_source(("return Dk", "return torch.tensor(Dk)")), "return the width itself"),
+    (_width_source(("return Dk", "return weights.amax(dim=-1).mean().item()")), "returned a float"),
+    (_width_source(("for Dk in Dks:", "for i, Dk in enumerate(Dks):"), ("return Dk", "return i")), "a position in Dks"),
+    (_width_source(("    for Dk in Dks:\n", "    Dks.sort(reverse=True)\n    for Dk in Dks:\n")), "in place"),
+    (_width_source(("    for Dk in Dks:\n", "    generator.manual_seed(0)\n    for Dk in Dks:\n")),
+     "none of the usual mistakes"),
+    (_width_source(("q @ k.T, dim=-1)", "(q @ k.T).squeeze(), dim=-1)")), "S = 1 key"),
+    ("def saturation_width(Dks, S, T, generator, threshold=0.9):\n    raise NotImplementedError()\n", "not written yet"),
+]
+
+
+@pytest.mark.parametrize(("source", "fragment"), SATURATION_WIDTH_BUGS)
+def test_check_saturation_width_names_the_bug(source, fragment):
+    namespace = {"torch": torch, "math": math}
+    exec(source, namespace)  # noqa: S102 - test fixture code
+    for seed, S, T in [(0, 16, 48), (1, 5, 33), (2, 50, 7)]:  # the notebook's visible and hidden tests
+        with pytest.raises(CheckError) as err:
+            check_saturation_width(namespace["saturation_width"], seed=seed, S=S, T=T)
+        message = str(err.value)
+        assert fragment in message, message
+        assert_no_answer_in(message, solution=("04_scaling", "saturation_width"))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_check_saturation_width_accepts_the_reference_measurement_written_otherwise(seed, capsys):
+    """Other code for the same draws and the same statistic passes: the scores as k @ q^T, an explicit mean."""
+
+    def written_otherwise(Dks, S, T, generator, threshold=0.9):
+        for Dk in Dks:
+            queries = torch.randn(T, 1, Dk, generator=generator)  # the same numbers as (T, Dk)
+            keys = torch.randn(1, S, Dk, generator=generator)
+            weights = torch.softmax((queries * keys).sum(dim=-1), dim=1)  # (T, S)
+            if float(weights.max(dim=1).values.sum()) / T > threshold:
+                return Dk
+        return None
+
+    check_saturation_width(written_otherwise, seed=seed, S=3 + seed, T=20 + 7 * seed)
+    assert capsys.readouterr().out.count("all checks passed") == 1
+
+
+def test_check_saturation_width_leaves_the_global_random_state_alone():
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    check_saturation_width(notebook_solution("04_scaling", "saturation_width"))
+    assert torch.equal(torch.random.get_rng_state(), before)

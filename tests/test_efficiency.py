@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from course_utils.experiments import efficiency
 from course_utils.blocks.attention import scaled_dot_product_attention
 from course_utils.checks import CheckError, check_online_softmax_update
+from helpers import notebook_solution
 from course_utils.core.errors import InputError
 
 
@@ -73,9 +74,10 @@ def test_peak_memory_curve_measures_each_length_afresh():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_checker_accepts_the_reference(seed, capsys):
-    check_online_softmax_update(efficiency.online_softmax_update, seed=seed)
-    check_online_softmax_update(efficiency.online_softmax_update, seed=seed, T=1, Dv=2, block_sizes=(1, 4, 3))
+def test_checker_accepts_the_notebook_solution(seed, capsys):
+    solution = notebook_solution("08_attention_at_scale", "online_softmax_update")
+    check_online_softmax_update(solution, seed=seed)
+    check_online_softmax_update(solution, seed=seed, T=1, Dv=2, block_sizes=(1, 4, 3))
     assert capsys.readouterr().out.count("all checks passed") == 2
 
 
@@ -113,3 +115,38 @@ def test_check_online_softmax_update_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_online_softmax_update(buggy)
     assert fragment in str(err.value)
+
+
+# --- causal tiled attention (notebook 08, exercise 2) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("lead", "T", "Dk", "Dv", "block_size"), [((2, 3), 11, 5, 6, 4), ((), 11, 5, 6, 1),
+                                                                   ((1,), 12, 4, 3, 4), ((2, 1), 7, 3, 4, 7),
+                                                                   ((1, 2), 5, 8, 2, 64), ((), 1, 2, 3, 1)])
+def test_causal_tiled_attention_equals_pytorch_causal_attention_and_counts_the_lower_tiles(lead, T, Dk, Dv,
+                                                                                            block_size):
+    g = torch.Generator().manual_seed(T)
+    q, k = torch.randn(*lead, T, Dk, generator=g), torch.randn(*lead, T, Dk, generator=g)
+    v = torch.randn(*lead, T, Dv, generator=g)
+    out, tiles = efficiency.causal_tiled_attention(q, k, v, block_size)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5, rtol=1e-5)
+    n = -(-T // block_size)
+    assert tiles == n * (n + 1) // 2
+
+
+def test_causal_tiled_attention_skips_the_upper_tiles():
+    """The multiply-adds of its matrix products are those of the tiles at or below the diagonal, and no more."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, k, v = torch.randn(1, 1, 96, 8), torch.randn(1, 1, 96, 8), torch.randn(1, 1, 96, 4)
+    with FlopCounterMode(display=False) as causal:
+        efficiency.causal_tiled_attention(q, k, v, 16)  # 6 blocks: 21 of 36 tiles
+    with FlopCounterMode(display=False) as every_tile:
+        efficiency.tiled_attention(q, k, v, 16)
+    assert causal.get_total_flops() == 2 * 21 * 16 * 16 * (8 + 4)
+    assert causal.get_total_flops() * 36 == every_tile.get_total_flops() * 21
+
+
+def test_causal_tiled_attention_rejects_an_empty_block():
+    with pytest.raises(InputError, match="block_size"):
+        efficiency.causal_tiled_attention(torch.zeros(3, 4), torch.zeros(3, 4), torch.zeros(3, 4), block_size=0)

@@ -12,6 +12,7 @@ from course_utils.checks import CheckError, check_is_pre_ln, check_layer_norm
 from course_utils.core.errors import InputError
 from course_utils.blocks.seq2seq import Seq2SeqConfig, build_seq2seq
 from course_utils.blocks.transformer import TransformerDecoderBlock, TransformerEncoderBlock
+from helpers import assert_no_answer_in, notebook_solution
 
 SETTINGS = [(False, "relu"), (True, "relu"), (False, "gelu"), (True, "gelu")]
 
@@ -118,12 +119,16 @@ def test_transformer_seq2seq_shapes_greedy_decoding_and_padding():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_checkers_accept_the_reference(seed, capsys):
-    check_layer_norm(transformer.layer_norm, seed=seed)
-    check_layer_norm(lambda x, w, b, eps=1e-5: nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps), seed=seed)
-    check_is_pre_ln(transformer.is_pre_ln, seed=seed)
-    check_is_pre_ln(transformer.is_pre_ln, seed=seed, D=8)
-    assert capsys.readouterr().out.count("all checks passed") == 4
+def test_checkers_accept_the_notebook_solutions(seed, capsys):
+    check_layer_norm(notebook_solution("07_transformer_block", "layer_norm"), seed=seed)
+    check_is_pre_ln(notebook_solution("07_transformer_block", "is_pre_ln"), seed=seed)
+    check_is_pre_ln(notebook_solution("07_transformer_block", "is_pre_ln"), seed=seed, D=8)
+    assert capsys.readouterr().out.count("all checks passed") == 3
+
+
+def test_check_layer_norm_rejects_the_library_layer_norm_the_exercise_rules_out():
+    with pytest.raises(CheckError, match="rules out nn.LayerNorm and F.layer_norm"):
+        check_layer_norm(lambda x, w, b, eps=1e-5: nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps))
 
 
 def _normalise(x, dim=-1, unbiased=False, eps_inside=True):
@@ -150,19 +155,12 @@ ANSWER_CODE = ("sqrt(", "unbiased=False", "keepdim", "* weight", "+ bias", "x + 
                "x.var(", "dim=-1")
 
 
-def assert_no_answer_in(message):
-    if "raised" in message:  # the message then quotes the learner's own line
-        return
-    for code in ANSWER_CODE:
-        assert code not in message, f"{code!r} in {message!r}"
-
-
 @pytest.mark.parametrize(("buggy", "fragment"), LAYER_NORM_BUGS)
 def test_check_layer_norm_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_layer_norm(buggy)
     assert fragment in str(err.value)
-    assert_no_answer_in(str(err.value))
+    assert_no_answer_in(str(err.value), ANSWER_CODE)
 
 
 def _by_statistics(block, D):  # right only while the LayerNorm has gain 1 and shift 0
@@ -195,7 +193,7 @@ def test_check_is_pre_ln_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
         check_is_pre_ln(buggy)
     assert fragment in str(err.value)
-    assert_no_answer_in(str(err.value))
+    assert_no_answer_in(str(err.value), ANSWER_CODE)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -203,7 +201,8 @@ def test_check_is_pre_ln_accepts_other_right_answers_and_keeps_the_random_state(
     torch.manual_seed(123)
     before = torch.get_rng_state()
     check_is_pre_ln(_doubling, seed=seed)
-    check_is_pre_ln(lambda block, D: torch.tensor(transformer.is_pre_ln(block, D)), seed=seed)  # a bool tensor is fine
+    solution = notebook_solution("07_transformer_block", "is_pre_ln")
+    check_is_pre_ln(lambda block, D: torch.tensor(solution(block, D)), seed=seed)  # a bool tensor is fine
     assert capsys.readouterr().out.count("all checks passed") == 2
     torch.manual_seed(123)
     assert torch.equal(torch.get_rng_state(), before)
@@ -287,3 +286,28 @@ def test_train_reversal_stack_is_deterministic_and_reports_every_step():
     shorter = deep_stacks.train_reversal_stack(False, dataclasses.replace(tiny, steps=4), seed=1)
     assert measured.losses == first.losses and measured.accuracy == first.accuracy
     assert list(measured.accuracy_at) == [4] and measured.accuracy_at[4] == shorter.accuracy
+
+
+@pytest.mark.parametrize(("norm_first", "activation"), SETTINGS)
+@pytest.mark.parametrize(("B", "T", "S", "H"), [(2, 4, 7, 4), (1, 1, 1, 1), (3, 6, 2, 2)])
+def test_decoder_layer_forward_is_pytorchs_decoder_layer_values_and_gradients(norm_first, activation, B, T, S, H):
+    """The reference of exercise 3 computes nn.TransformerDecoderLayer from its weights, gradients included."""
+    torch.manual_seed(0)
+    theirs = nn.TransformerDecoderLayer(16, H, 24, dropout=0.0, batch_first=True, norm_first=norm_first,
+                                        activation=activation).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # biases not 0, LayerNorm gains not 1
+    x, memory = torch.randn(B, T, 16, requires_grad=True), torch.randn(B, S, 16, requires_grad=True)
+    pad = masks.padding_mask(torch.randint(1, S + 1, (B,)), S)  # (B, 1, S), True = may attend
+    for mask in (None, pad):
+        ours = transformer.decoder_layer_forward(theirs, x, memory, mask)
+        expected = theirs(x, memory, tgt_mask=~masks.causal_mask(T),
+                          memory_key_padding_mask=None if mask is None else ~mask[:, 0])
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-4)
+        upstream = torch.randn_like(expected)
+        inputs = [x, memory, *theirs.parameters()]
+        grads_ours = torch.autograd.grad((ours * upstream).sum(), inputs)
+        grads_theirs = torch.autograd.grad((expected * upstream).sum(), inputs)
+        for mine, reference in zip(grads_ours, grads_theirs):
+            torch.testing.assert_close(mine, reference, atol=1e-4, rtol=1e-3)

@@ -7,6 +7,12 @@ A common core and one module per notebook:
   learner's function and turns ``None``, ``NotImplementedError`` or any other
   exception into a short message), ``expect_failure`` (shows a check catching
   a bug, for the "Common pitfalls" sections);
+* machinery every checker shares, in ``checks.core``: ``check_gradients``
+  (backward through the learner's function and the reference, input
+  gradients compared), ``shape_cases`` and ``sweep`` (every shape the
+  exercise allows: B = 1, H = 1, sizes that all differ, other numbers of
+  leading axes) and ``reference_guard`` (rejects a function that is, or
+  calls, the course's reference for the same job);
 * exercise checkers, named after the concept they check
   (``check_padding_mask``, ``check_pairwise_scores``, ``check_masked_softmax``),
   each taking the learner's function and raising ``CheckError`` whose message
@@ -32,12 +38,14 @@ from course_utils.checks.bahdanau import (
     check_attend,
     check_attention_step,
     check_bilinear_scores,
+    check_luong_step,
 )
 from course_utils.checks.bottleneck import (
     check_final_states,
     check_sequence_exact_match,
 )
 from course_utils.checks.efficiency import (
+    check_causal_tiled_attention,
     check_online_softmax_update,
 )
 from course_utils.checks.gpt import (
@@ -62,6 +70,7 @@ from course_utils.checks.positional import (
 from course_utils.checks.scaling import (
     check_attention_entropy,
     check_attention_scale,
+    check_saturation_width,
     check_scaled_scores,
 )
 from course_utils.checks.self_attention import (
@@ -72,6 +81,7 @@ from course_utils.checks.self_attention import (
     WORKED_EXAMPLE_WRONG,
 )
 from course_utils.checks.transformer import (
+    check_decoder_layer_forward,
     check_is_pre_ln,
     check_layer_norm,
 )
@@ -90,6 +100,7 @@ __all__ = [
     "check_attend",
     "check_attention_step",
     "check_bilinear_scores",
+    "check_causal_tiled_attention",
     "check_close",
     "check_filter_logits",
     "check_final_states",
@@ -100,12 +111,15 @@ __all__ = [
     "check_multi_head_attention",
     "check_next_token_loss",
     "check_online_softmax_update",
+    "check_decoder_layer_forward",
     "check_is_pre_ln",
     "check_layer_norm",
+    "check_luong_step",
     "check_padding_mask",
     "check_pairwise_scores",
     "check_scaled_dot_product_attention",
     "check_scaled_scores",
+    "check_saturation_width",
     "check_spot_the_error",
     "check_split_heads",
     "check_tensor",

@@ -1,4 +1,4 @@
-"""Checkers for notebook 02: additive and bilinear scores, the context vector, the attention decoder step."""
+"""Checkers for notebook 02: additive and bilinear scores, the context vector, the attention decoder step, Luong's step."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from course_utils.blocks import attention, scorers, seq2seq
-from course_utils.checks.core import call, check_close, describe, passed
+from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
+                                     shape_cases, sweep)
 from course_utils.core.errors import CheckError
 
 
@@ -19,11 +20,21 @@ def check_additive_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor
     With ``B == S`` a query that is not broadcast over the source positions
     runs without error and gives wrong numbers; the check recognises that too.
     The messages name the bug in words and never show the indexing or the
-    operator that fixes it.
+    operator that fixes it. Forward and backward, at the sizes asked for, then
+    at B = 1, S = 1 and sizes that all differ.
 
     Raises:
         CheckError: Naming the likely bug.
     """
+    __tracebackhide__ = True  # noqa: F841
+    with reference_guard(fn, scorers.additive_scores):
+        sweep(lambda B, S, A: _additive_scores_once(fn, seed, B, S, A),
+              shape_cases({"B": B, "S": S, "A": A}, ones=("B", "S"), distinct={"B": 3, "S": 5, "A": 4}))
+    passed("additive_scores")
+
+
+def _additive_scores_once(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int, B: int, S: int,
+                          A: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
     q_proj = torch.randn(B, A, generator=g)
@@ -55,18 +66,31 @@ def check_additive_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor
     }
     check_close(got, expected, name="scores", shape="B S", dims={"B": B, "S": S}, hints=hints, suspects=suspects,
                 hint="work out one score by hand, for one sequence and one source position, and compare")
-    passed("additive_scores")
+    check_gradients(fn, inputs, scorers.additive_scores, name="additive_scores",
+                    wrt={0: "q_proj", 1: "k_proj", 2: "v_a"}, what="the scores", seed=seed)
 
 
 def check_attend(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0,
                  B: int = 3, S: int = 5, Dk: int = 4) -> None:
     """Check a learner's ``attend(scores, values, mask) -> (context, weights)`` (notebook 02, exercise 2).
 
-    ``values`` is (B, S, Dk) (the encoder states) and ``mask`` (B, S) bool, True on real tokens.
+    ``values`` is (B, S, Dk) (the encoder states) and ``mask`` (B, S) bool, True on real tokens,
+    or None (no padding). Also a row with no real position (zero weights, not NaN), scores of
+    about ±1e4 and a backward pass; at the sizes asked for, then at B = 1, S = 1, Dk = 1 and
+    sizes that all differ.
 
     Raises:
         CheckError: Naming the likely bug.
     """
+    __tracebackhide__ = True  # noqa: F841
+    with reference_guard(fn, scorers.attend):
+        sweep(lambda B, S, Dk: _attend_once(fn, seed, B, S, Dk),
+              shape_cases({"B": B, "S": S, "Dk": Dk}, ones=("B", "S", "Dk"), distinct={"B": 3, "S": 5, "Dk": 4}))
+    passed("attend")
+
+
+def _attend_once(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int, B: int, S: int,
+                 Dk: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
     scores = 2 * torch.randn(B, S, generator=g)
@@ -104,18 +128,72 @@ def check_attend(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], 
                 hints={(B, S, Dk): "the weighted values were not yet summed over the source positions (the S axis)",
                        (B, 1, Dk): "one size-1 axis too many in the middle"},
                 hint="the context of a sequence is its values weighted by that sequence's attention weights, summed")
-    passed("attend")
+
+    def pair(label: str, scores_: torch.Tensor, mask_: torch.Tensor | None) -> tuple[Any, Any]:
+        got_ = call(fn, scores_, values, mask_, name="attend",
+                    expected=f"a tuple (context (B, Dk) = {(B, Dk)}, weights (B, S) = {(B, S)}) {label}",
+                    error_hint="mask may be None, which means no padding: every source position is real"
+                    if mask_ is None else "")
+        if not isinstance(got_, tuple) or len(got_) != 2:
+            raise CheckError(f"{label}: expected attend to return a tuple (context, weights), got {describe(got_)}")
+        return got_
+
+    # A sequence with no real position (every key masked): zero weights and a zero context, not NaN.
+    empty = mask.clone()
+    empty[0] = False
+    context, weights = pair("with a row that has no real position", scores, empty)
+    want_context, want_weights = scorers.attend(scores, values, empty)
+    if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, S) and torch.isnan(weights[0]).any():
+        raise CheckError("the weights of a row with no real position (every source position masked) are NaN: a "
+                         "softmax over a row with nothing left to weigh is 0/0. Such a row must get zero weights, and "
+                         "so a zero context")
+    check_close(weights, want_weights, name="weights of a row with no real position", shape="B S",
+                dims={"B": B, "S": S}, hint="a row whose mask is all False gets zero weights, the other rows as before")
+    check_close(context, want_context, name="context of a row with no real position", shape="B Dk",
+                dims={"B": B, "Dk": Dk}, hint="zero weights give a zero context")
+    # mask=None: no padding at all.
+    context, weights = pair("with mask=None", scores, None)
+    want_context, want_weights = scorers.attend(scores, values, None)
+    check_close(weights, want_weights, name="weights with mask=None", shape="B S", dims={"B": B, "S": S},
+                hint="mask=None means no padding: every source position may be attended to")
+    check_close(context, want_context, name="context with mask=None", shape="B Dk", dims={"B": B, "Dk": Dk},
+                hint="mask=None means no padding: every source position may be attended to")
+    # Scores of about ±1e4: exp overflows float32 above about 88 unless each row's maximum is subtracted first.
+    big = 1e4 * torch.randn(B, S, generator=g)
+    context, weights = pair("for large scores (about ±1e4)", big, mask)
+    want_context, want_weights = scorers.attend(big, values, mask)
+    if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, S) and not torch.isfinite(weights).all():
+        raise CheckError("the weights are NaN or inf for large scores (about ±1e4): exp overflows float32 above "
+                         "about 88. Subtract each row's largest score before exp (torch.softmax does), which leaves "
+                         "the weights unchanged")
+    check_close(weights, want_weights, name="weights for large scores (about ±1e4)", shape="B S",
+                dims={"B": B, "S": S}, hint="the weights must depend only on the differences between the scores")
+    check_close(context, want_context, name="context for large scores (about ±1e4)", shape="B Dk",
+                dims={"B": B, "Dk": Dk}, hint="the context is the values weighted by the weights, summed")
+    check_gradients(fn, inputs, scorers.attend, name="attend", wrt={0: "scores", 1: "values"},
+                    what="the context and the weights", seed=seed)
 
 
 def check_bilinear_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0,
                           B: int = 2, S: int = 5, R: int = 3, Dk: int = 4) -> None:
     """Check a learner's ``bilinear_scores(query, keys, W) -> (B, S)`` (notebook 02, exercise 3).
 
-    ``query`` is (B, R), ``keys`` (B, S, Dk) and ``W`` (R, Dk).
+    ``query`` is (B, R), ``keys`` (B, S, Dk) and ``W`` (R, Dk). Forward and backward,
+    at the sizes asked for, then at B = 1, S = 1 and sizes that all differ.
 
     Raises:
         CheckError: Naming the likely bug.
     """
+    __tracebackhide__ = True  # noqa: F841
+    with reference_guard(fn, scorers.bilinear_scores):
+        sweep(lambda B, S, R, Dk: _bilinear_scores_once(fn, seed, B, S, R, Dk),
+              shape_cases({"B": B, "S": S, "R": R, "Dk": Dk}, ones=("B", "S"),
+                          distinct={"B": 2, "S": 5, "R": 3, "Dk": 4}))
+    passed("bilinear_scores")
+
+
+def _bilinear_scores_once(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int, B: int, S: int,
+                          R: int, Dk: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
     query = torch.randn(B, R, generator=g)
@@ -141,7 +219,8 @@ def check_bilinear_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor
     }
     check_close(got, expected, name="scores", shape="B S", dims={"B": B, "S": S}, hints=hints, suspects=suspects,
                 hint="work out one score s^T W h_j by hand, for one sequence and one source position, and compare")
-    passed("bilinear_scores")
+    check_gradients(fn, inputs, scorers.bilinear_scores, name="bilinear_scores", wrt={0: "query", 1: "keys", 2: "W"},
+                    what="the scores", seed=seed)
 
 
 def check_attention_step(step: Callable[..., Any], seed: int = 0, B: int = 3, S: int = 5) -> None:
@@ -214,3 +293,143 @@ def check_attention_step(step: Callable[..., Any], seed: int = 0, B: int = 3, S:
         check_close(emb, expected_emb, name="emb", shape="B embed_size", dims={"B": B, "embed_size": embed_size},
                     hint="the embedding of the previous output token y_prev")
     passed("attention decoder step")
+
+
+_LUONG_OUTPUTS = "a tuple (state s_i (B, R), context c_i (B, Dk), attentional s~_i (B, R), weights w_i (B, S))"
+
+
+def check_luong_step(fn: Callable[..., Any], seed: int = 0, B: int = 3, S: int = 5, R: int = 6, Dk: int = 8,
+                     score: scorers.ScoreKind = "additive") -> None:
+    """Check a learner's ``luong_step(emb, state, enc_states, projected_keys, mask, cell, scorer, W_c)`` (notebook 02, exercise 4).
+
+    Luong et al.'s (2015, §3) order: ``s_i = GRU(emb, s_{i-1})``, weights from ``score(s_i, h_j)``
+    over the real positions, ``c_i = sum_j w_ij h_j``, ``s~_i = tanh(W_c [c_i; s_i])``; the step
+    returns ``(s_i, c_i, s~_i, w_i)``. The keys handed in are not computed from the values, so a
+    step that scores against ``enc_states`` is caught. Each output and the gradients with respect
+    to ``emb``, ``state``, ``enc_states``, ``projected_keys`` and ``W_c`` are compared with
+    :func:`course_utils.blocks.seq2seq.luong_step`; at the sizes asked for, then at B = 1, S = 1
+    and sizes that all differ, with one source of a single real token in every batch of two or more.
+
+    Args:
+        fn: The learner's function.
+        seed: Seeds the modules and the inputs.
+        B: Batch size.
+        S: Source length.
+        R: Width of the decoder state (the query).
+        Dk: Width of the encoder states (the values).
+        score: The score module handed in: ``"additive"``, ``"concat"``, ``"bilinear"`` or ``"dot"``
+            (which needs ``R == Dk``).
+
+    Raises:
+        CheckError: Naming the likely bug.
+        ValueError: If ``score="dot"`` with ``R != Dk`` (a mistake in the test, not in the answer).
+    """
+    __tracebackhide__ = True  # noqa: F841
+    if score == "dot" and R != Dk:
+        raise ValueError(f"the dot score needs R == Dk, got R = {R} and Dk = {Dk}")
+    distinct = None if score == "dot" else {"B": 3, "S": 5, "R": 6, "Dk": 8}  # the dot score keeps R == Dk
+    with reference_guard(fn, seq2seq.luong_step):
+        sweep(lambda B, S, R, Dk: _luong_step_once(fn, seed, B, S, R, Dk, score),
+              shape_cases({"B": B, "S": S, "R": R, "Dk": Dk}, ones=("B", "S"), distinct=distinct))
+    passed("luong_step")
+
+
+def _luong_step_once(fn: Callable[..., Any], seed: int, B: int, S: int, R: int, Dk: int,
+                     score: scorers.ScoreKind) -> None:
+    __tracebackhide__ = True  # noqa: F841
+    embed_size, A = 4, Dk + 1  # A differs from Dk, so keys of width A cannot pass for values
+    with torch.random.fork_rng():  # the learner's global random state is left alone
+        torch.manual_seed(seed)
+        cell = torch.nn.GRUCell(embed_size, R)
+        scorer = scorers.make_scorer(score, R, Dk, A)
+    g = torch.Generator().manual_seed(seed)
+    W_c = torch.randn(R, Dk + R, generator=g) / (Dk + R) ** 0.5  # (R, Dk + R)
+    emb = torch.randn(B, embed_size, generator=g)  # emb(y_{i-1})
+    state = torch.tanh(torch.randn(B, R, generator=g))  # s_{i-1}, in (-1, 1) like a GRU state
+    lengths = torch.randint(1, S + 1, (B,), generator=g)
+    lengths[0] = S
+    if B > 1:
+        lengths[-1] = 1  # a source of one real token: all its weight on position 0
+    mask = torch.arange(S)[None, :] < lengths[:, None]  # (B, S), True on real tokens
+    enc_states = torch.randn(B, S, Dk, generator=g) * mask[:, :, None]  # the values, zeros on padding
+    key_states = torch.randn(B, S, Dk, generator=g) * mask[:, :, None]  # other states, so that keys != values
+    with torch.no_grad():
+        projected_keys = scorer.precompute(key_states).clone()  # (B, S, A) for the additive score, else (B, S, Dk)
+    inputs = (emb, state, enc_states, projected_keys, mask, cell, scorer, W_c)
+    tensors = (emb, state, enc_states, projected_keys, mask, W_c)
+    copies = tuple(t.clone() for t in tensors)
+    parameters = [p.detach().clone() for p in (*cell.parameters(), *scorer.parameters())]
+    with torch.no_grad():
+        got = call(fn, *inputs, name="luong_step", expected=_LUONG_OUTPUTS,
+                   error_hint="check the widths. The cell reads emb(y_{i-1}) alone (width embed_size), with no "
+                              "context (that would be input feeding); the scorer's `score` takes the query (B, R) "
+                              "and projected_keys; attend averages enc_states (B, S, Dk), the values; and W_c is "
+                              "(R, Dk + R), as the weight of an nn.Linear from Dk + R features to R")
+        if not all(torch.equal(a, b) for a, b in zip(tensors, copies)):
+            raise CheckError("luong_step changed an input in place, so use out-of-place operations")
+        if not all(torch.equal(a, b.detach()) for a, b in zip(parameters, (*cell.parameters(), *scorer.parameters()))):
+            raise CheckError("luong_step changed a parameter of the cell or the scorer: a step only reads its parts")
+        if not isinstance(got, tuple) or len(got) != 4:
+            raise CheckError(f"expected luong_step to return {_LUONG_OUTPUTS}, got {describe(got)}")
+        new_state, context, attentional, weights = got
+        if (R != Dk and all(isinstance(t, torch.Tensor) for t in got)
+                and tuple(context.shape) == (B, R) and tuple(attentional.shape) == (B, Dk)):
+            raise CheckError("the context and the attentional state came back in the wrong order; return "
+                             "(state, context, attentional, weights)")
+        want_state, want_context, want_attentional, want_weights = seq2seq.luong_step(*inputs)
+
+        state_suspects = {
+            "the step returned s_{i-1}, so the GRU's new state is lost and the next step starts from the same "
+            "state again": state,
+            "the step returned the attentional state s~_i as the new state. The recurrence carries s_i, the "
+            "GRU's output; s~_i only feeds the output layer": want_attentional,
+        }
+        check_close(new_state, want_state, name="state", shape="B R", dims={"B": B, "R": R}, suspects=state_suspects,
+                    hint="s_i = GRU(emb(y_{i-1}), s_{i-1}): the cell reads the embedding, and no context")
+
+        old_query = scorers.attend(scorer.score(state, projected_keys), enc_states, mask)[1]
+        weight_suspects = {
+            "the weights come from s_{i-1}, the state before the GRU update. That is Bahdanau's order (section "
+            "4's AttentionDecoder.step); Luong's step updates the state first and queries with the new state "
+            "s_i": old_query,
+            "the mask was not passed to attend, so padded source positions get weight (attend's mask defaults "
+            "to None, which means no padding)": scorers.attend(scorer.score(want_state, projected_keys),
+                                                               enc_states, None)[1],
+        }
+        recomputed = scorer(want_state, enc_states)  # the scorer's forward: keys computed from enc_states, (B, S)
+        weight_suspects["the scores were computed from enc_states, not from the keys handed in, projected_keys. "
+                        "The keys are computed once per sequence, before the first step; a step scores its query "
+                        "against them"] = scorers.attend(recomputed, enc_states, mask)[1]
+        check_close(weights, want_weights, name="weights", shape="B S", dims={"B": B, "S": S},
+                    suspects=weight_suspects,
+                    hint="w_i = masked softmax over j of score(s_i, k_j), with the keys k_j in projected_keys")
+
+        context_suspects = {}
+        if projected_keys.shape[-1] == Dk:
+            context_suspects["the context averages the keys (projected_keys) instead of the values (enc_states)"] = (
+                scorers.attend(scorer.score(want_state, projected_keys), projected_keys, mask)[0])
+        if R == Dk:
+            context_suspects["this is the attentional state s~_i: return (state, context, attentional, weights), in "
+                             "that order"] = want_attentional
+        check_close(context, want_context, name="context", shape="B Dk", dims={"B": B, "Dk": Dk},
+                    hints={(B, A): "the context averages the keys (projected_keys) instead of the values "
+                                   "(enc_states)"},
+                    suspects=context_suspects,
+                    hint="c_i = sum over j of w_ij h_j, with the values h_j in enc_states")
+
+        attentional_suspects = {
+            "the tanh is missing: the attentional layer is tanh of W_c times [c_i; s_i]":
+                torch.cat([want_context, want_state], dim=-1) @ W_c.T,
+            "the attentional layer read s_{i-1}, the state before the update; it combines c_i with the new "
+            "state s_i": torch.tanh(torch.cat([want_context, state], dim=-1) @ W_c.T),
+        }
+        attentional_suspects["the two parts of [c_i; s_i] are swapped. The first Dk columns of W_c multiply the "
+                             "context, the last R the state"] = (
+            torch.tanh(torch.cat([want_state, want_context], dim=-1) @ W_c.T))
+        check_close(attentional, want_attentional, name="attentional", shape="B R", dims={"B": B, "R": R},
+                    suspects=attentional_suspects,
+                    hint="s~_i = tanh(W_c [c_i; s_i]), the context first; W_c is (R, Dk + R), like the weight of "
+                         "an nn.Linear")
+    check_gradients(fn, inputs, seq2seq.luong_step, name="luong_step",
+                    wrt={0: "emb", 1: "state", 2: "enc_states", 3: "projected_keys", 7: "W_c"},
+                    what="the state, context, attentional state and weights", seed=seed)

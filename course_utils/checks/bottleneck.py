@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from course_utils.blocks import seq2seq
-from course_utils.checks.core import call, check_tensor, passed
+from course_utils.checks.core import call, check_tensor, passed, reference_guard, shape_cases, sweep
 from course_utils.core.errors import CheckError
 from course_utils.experiments import training
 
@@ -37,11 +37,20 @@ def check_final_states(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: in
 
     Runs it forward on a batch with a full-length and a one-token sequence, and
     backward: the gradient must reach the state after each row's last real
-    token, and nothing else.
+    token, and nothing else. At the sizes asked for, then at B = 1, R = 1 and
+    sizes that all differ.
 
     Raises:
         CheckError: Naming the likely bug.
     """
+    __tracebackhide__ = True  # noqa: F841
+    with reference_guard(fn, seq2seq.final_states):
+        sweep(lambda B, S, R: _final_states_once(fn, seed, B, S, R),
+              shape_cases({"B": B, "S": S, "R": R}, ones=("B", "R"), distinct={"B": 4, "S": 6, "R": 3}))
+    passed("final_states")
+
+
+def _final_states_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int, B: int, S: int, R: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
     values = torch.randn(B, S, R, generator=g)
@@ -75,9 +84,9 @@ def check_final_states(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: in
     _compare_rows(got.detach(), expected, "the final states", suspects,
                   "Row b must be the state after the last real token of sequence b.")
     if not got.requires_grad:
-        raise CheckError("the final states have the right values but are cut off from autograd (a copy through "
-                         "numpy, torch.tensor(...) or .detach()), so no gradient would reach the encoder. "
-                         "Select from the tensor itself.")
+        raise CheckError("the final states have the right values but are cut off from autograd (`.detach()`, "
+                         "`torch.no_grad()`, `.data`, or a copy through numpy or torch.tensor(...)), so no gradient "
+                         "would reach the encoder. Select from the tensor itself.")
     weights = torch.randn(B, R, generator=g)
     (grad,) = torch.autograd.grad((got * weights).sum(), states)  # d(sum w * out) / d states
     expected_grad = torch.zeros(B, S, R)
@@ -85,24 +94,36 @@ def check_final_states(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: in
     if not torch.allclose(grad, expected_grad, atol=1e-5, rtol=1e-4):
         raise CheckError("the values are right, but the gradient reaches other positions of states than the "
                          "last real token of each row")
-    passed("final_states")
 
 
 def check_sequence_exact_match(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
                                B: int = 6, T: int = 7) -> None:
     """Check a learner's ``sequence_exact_match(tokens, targets) -> (B,) bool`` (notebook 01, exercise 2).
 
-    Two probes: a random batch (right rows with anything written after their
-    ``<eos>``, rows with one wrong symbol, a row that does not stop), and a
-    small batch whose only mistake sits in the last column.
+    Three probes: a random batch (right rows with anything written after their
+    ``<eos>``, rows with one wrong symbol, a row that does not stop), a small
+    batch whose only mistake sits in the last column, and predictions that stop
+    early (an ``<eos>``, or padding, before the target ends). The random batch
+    is tried at the sizes asked for, at B = 1 and at sizes with B != T.
 
     Raises:
         CheckError: Naming the likely bug.
     """
     __tracebackhide__ = True  # noqa: F841
+    with reference_guard(fn, training.sequence_exact_match):
+        sweep(lambda B, T: _exact_match_once(fn, seed, B, T),
+              shape_cases({"B": B, "T": T}, ones=("B",), distinct={"B": 6, "T": 7}))
+        _exact_match_early_stops(fn)
+    passed("sequence_exact_match")
+
+
+def _exact_match_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int, B: int, T: int) -> None:
+    __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(2, T + 1, (B,), generator=g)  # real target tokens, <eos> included
-    lengths[0], lengths[1] = T, 2
+    lengths[0] = T
+    if B > 1:
+        lengths[1] = 2
     targets = torch.randint(3, 9, (B, T), generator=g)
     targets[torch.arange(B), lengths - 1] = 2  # <eos>
     targets[torch.arange(T)[None, :] >= lengths[:, None]] = 0  # padding
@@ -112,7 +133,8 @@ def check_sequence_exact_match(fn: Callable[[torch.Tensor, torch.Tensor], Any], 
     for b in wrong.nonzero().flatten().tolist():
         position = int(torch.randint(0, int(lengths[b]) - 1, (1,), generator=g))
         tokens[b, position] = 9
-    tokens[1, lengths[1] - 1] = 3  # row 1: every symbol right, but no <eos> (the model did not stop)
+    if B > 1:
+        tokens[1, lengths[1] - 1] = 3  # row 1: every symbol right, but no <eos> (the model did not stop)
     tokens_copy, targets_copy = tokens.clone(), targets.clone()
     got = call(fn, tokens, targets, name="sequence_exact_match", expected=f"a (B,) = ({B},) bool tensor")
     if not (torch.equal(tokens, tokens_copy) and torch.equal(targets, targets_copy)):
@@ -156,4 +178,22 @@ def check_sequence_exact_match(fn: Callable[[torch.Tensor, torch.Tensor], Any], 
         raise CheckError("a mistake in the last column was missed: every real position counts, the last one too")
     padding_compared = {next(iter(suspects)): (guess == last).all(dim=1)}  # the first suspect, on this probe
     _compare_rows(got_last, training.sequence_exact_match(guess, last), "the results", padding_compared, hint)
-    passed("sequence_exact_match")
+
+
+def _exact_match_early_stops(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> None:
+    """Predictions that stop before the target ends: wrong, although every position they wrote is right."""
+    __tracebackhide__ = True  # noqa: F841
+    targets = torch.tensor([[5, 6, 7, 8, 2], [5, 6, 7, 2, 0], [5, 6, 2, 0, 0]])  # lengths 5, 4, 3 (<eos> = 2)
+    tokens = torch.tensor([[5, 6, 2, 0, 0],  # row 0 writes <eos> two positions early
+                           [5, 6, 0, 0, 0],  # row 1 writes padding instead of the rest (no <eos> at all)
+                           [5, 6, 2, 4, 3]])  # row 2 is right: anything may follow its <eos>
+    got = call(fn, tokens, targets, name="sequence_exact_match", expected="a (B,) = (3,) bool tensor")
+    got = check_tensor(got, name="the result for predictions that stop early", shape="B", dims={"B": 3},
+                       dtype=torch.bool)
+    if bool(got[0]) or bool(got[1]):
+        raise CheckError("a prediction that stops early was accepted. Every real position of the target must "
+                         "match, also those after the prediction's own <eos> or padding: a model that stops too "
+                         "soon is wrong")
+    _compare_rows(got, training.sequence_exact_match(tokens, targets), "the results for predictions that stop early",
+                  {}, "Row b must be True exactly when the prediction equals the target at every output position "
+                      "i where the target is not padding.")

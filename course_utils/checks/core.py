@@ -3,8 +3,12 @@ function, and messages that name the likely bug."""
 
 from __future__ import annotations
 
+import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
+from types import FrameType
 from typing import Any
 
 import torch
@@ -64,8 +68,10 @@ def call(fn: Callable[..., Any], *args: Any, name: str | None = None, expected: 
     name = name or getattr(fn, "__name__", "your function")
     if fn is None or not callable(fn):
         raise CheckError(f"expected a function for {name}, got {describe(fn)}: pass the function itself, without calling it")
+    guard = _GUARD.get()
     try:
-        return fn(*args)
+        with guard.watching() if guard is not None else nullcontext():
+            return fn(*args)
     except NotImplementedError:
         raise CheckError(
             f"{name} is not written yet: replace `raise NotImplementedError()` with your code. "
@@ -212,3 +218,232 @@ def expect_failure(check: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
 
 def passed(what: str) -> None:
     print(f"✓ {what}: all checks passed")
+
+
+# --- the learner's function must not be, or call, the course's reference ------------------------
+
+
+class _Guard:
+    """The functions a checker watches for, and the calls of them seen so far."""
+
+    def __init__(self, messages: Mapping[Callable[..., Any], str]) -> None:
+        # by identity: two code objects compiled from the same text compare equal, and a learner's own copy
+        # of the reference's code is the learner's function, not a call of the reference. A Python function
+        # is recognised by its code object (a "call" event), a built-in by itself (a "c_call" event).
+        self.watched = {id(getattr(f, "__code__", f)): (getattr(f, "__code__", f), m) for f, m in messages.items()}
+        self.seen: list[str] = []
+
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        """Record every call of a watched function (at any depth) while the learner's function runs."""
+
+        def profile(frame: FrameType, event: str, arg: Any) -> None:
+            target = frame.f_code if event == "call" else arg if event == "c_call" else None
+            watched, message = self.watched.get(id(target), (None, ""))
+            if target is not None and watched is target:
+                self.seen.append(message)
+
+        previous = sys.getprofile()
+        if previous is not None:  # a profiler (cProfile, %prun) is running: leave it alone, watch nothing
+            yield
+            return
+        sys.setprofile(profile)
+        try:
+            yield
+        finally:
+            sys.setprofile(None)
+
+
+_GUARD: ContextVar[_Guard | None] = ContextVar("_GUARD", default=None)
+
+
+def _dotted(function: Callable[..., Any]) -> str:
+    return f"{function.__module__}.{function.__qualname__}"
+
+
+@contextmanager
+def reference_guard(fn: Any, *references: Callable[..., Any],
+                    ruled_out: Mapping[Callable[..., Any], str] | None = None) -> Iterator[None]:
+    """Reject a learner's function that is, or calls, the course's reference for the same job.
+
+    ``fn`` itself is compared with every reference at once (``fn is reference``, or the
+    same code object). While the block runs, every call of the learner's function made
+    through :func:`call` is watched by a profile hook that recognises the references'
+    code objects, so an alias, an import inside the function or a call through another
+    course function is seen as well (nothing is watched while a profiler runs). A call is
+    reported when the block ends without another failure, so a function that calls the
+    reference *wrongly* is still told its real bug.
+
+    Args:
+        fn: The learner's function.
+        *references: Functions of the course that do the exercise's job.
+        ruled_out: Other functions the exercise text forbids (Python functions or
+            built-ins), with the message to give.
+
+    Raises:
+        CheckError: If ``fn`` is a reference, or called one (or a ruled-out function).
+    """
+    __tracebackhide__ = True  # noqa: F841
+    messages: dict[Callable[..., Any], str] = {}
+    for reference in references:
+        messages[reference] = (f"your function calls the course's reference `{_dotted(reference)}`; "
+                               "write it yourself from the formula")
+        if fn is reference or getattr(fn, "__code__", None) is reference.__code__:
+            raise CheckError(f"this is the course's reference `{_dotted(reference)}` itself, not your function: "
+                             "write it yourself from the formula")
+    messages.update(ruled_out or {})
+    guard = _Guard(messages)
+    token = _GUARD.set(guard)
+    try:
+        yield
+    finally:
+        _GUARD.reset(token)
+    if guard.seen:
+        raise CheckError(guard.seen[0])
+
+
+# --- gradients: run backward through the learner's function and the reference ------------------
+
+_CUT = "`.detach()`, `torch.no_grad()`, `.data`, or a detour through NumPy or torch.tensor(...)"
+
+
+def _float_outputs(result: Any) -> tuple[torch.Tensor, ...]:
+    """The floating-point tensors a function returned: itself, or the items of a tuple or list."""
+    items = result if isinstance(result, (tuple, list)) else (result,)
+    return tuple(t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def _listed(names: list[str]) -> str:
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+def check_gradients(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    reference: Callable[..., Any],
+    *,
+    name: str,
+    wrt: Mapping[int, str],
+    what: str,
+    seed: int = 0,
+    outputs: Callable[[Any], tuple[torch.Tensor, ...]] = _float_outputs,
+    compare_where: Mapping[int, torch.Tensor] | None = None,
+    not_finite: str = "",
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+) -> None:
+    """Backward through the learner's function and the reference; compare the input gradients.
+
+    Both get fresh leaf copies of the inputs ``wrt`` and the same random upstream
+    gradient for each output (``torch.autograd.grad`` of ``sum(out * upstream)``).
+    Call it after the values were checked: it reports only what the gradient adds.
+
+    Args:
+        fn: The learner's function.
+        args: Its arguments (the tensors in ``wrt`` are copied, never modified).
+        reference: The course's function for the same job, called with the same arguments.
+        name: The function's name in messages.
+        wrt: ``{position in args: name in messages}`` of the inputs to differentiate.
+        what: What the function returns, for messages, e.g. ``"the weights"``.
+        seed: Seeds the upstream gradients.
+        outputs: Picks the differentiable outputs from a returned value.
+        compare_where: ``{position: bool mask}``: compare that gradient only there
+            (it must still be finite everywhere).
+        not_finite: The likely cause of a NaN or inf gradient, added to that message.
+        atol: Absolute tolerance.
+        rtol: Relative tolerance.
+
+    Raises:
+        CheckError: If the output is cut off from autograd, a gradient is missing,
+            NaN or inf where the reference's is finite, or different.
+    """
+    __tracebackhide__ = True  # noqa: F841
+
+    def leaves() -> list[Any]:
+        return [a.detach().clone().requires_grad_(True) if i in wrt else a for i, a in enumerate(args)]
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.enable_grad():
+        ref_args = leaves()
+        ref_outs = outputs(reference(*ref_args))
+        upstream = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in ref_outs]
+        want = torch.autograd.grad(sum((o * u).sum() for o, u in zip(ref_outs, upstream)),
+                                   [ref_args[i] for i in wrt], allow_unused=True)
+        mine = leaves()
+        got = call(fn, *mine, name=name, expected=f"{what} again, now for inputs that require a gradient",
+                   error_hint="it works on tensors that need no gradient and fails on ones that do: a detour through "
+                              "NumPy (.numpy()), or an in-place change of an input, breaks autograd")
+        outs = outputs(got)
+        linked = [(o, u) for o, u in zip(outs, upstream) if o.shape == u.shape and o.grad_fn is not None]
+        if not linked:
+            raise CheckError(f"{what} have the right values but are cut off from autograd ({_CUT}), so no gradient "
+                             f"can flow back through them to {_listed(list(wrt.values()))}")
+        grads = torch.autograd.grad(sum((o * u).sum() for o, u in linked), [mine[i] for i in wrt], allow_unused=True)
+    names = list(wrt.values())
+    reference_grads = [torch.zeros_like(args[i]) if w is None else w for i, w in zip(wrt, want)]
+    missing = [n for n, grad, w in zip(names, grads, reference_grads)
+               if (grad is None or not grad.any()) and w.any()]
+    if missing:
+        raise CheckError(f"{what} have the right values, but the gradient with respect to {_listed(missing)} is "
+                         f"{'missing' if len(missing) == len(names) else 'zero'}: is that input (or something computed "
+                         f"from it) cut off from autograd? {_CUT} cut the gradient, so no gradient can flow back "
+                         f"through them to {_listed(missing)}")
+    for position, leaf_name, grad, w in zip(wrt, names, grads, reference_grads):
+        grad = torch.zeros_like(w) if grad is None else grad
+        if not torch.isfinite(grad[torch.isfinite(w)]).all():
+            raise CheckError(f"{what} have the right values, but their gradient with respect to {leaf_name} is NaN "
+                             f"or inf{not_finite}: one training step with it would turn every weight of a model into NaN")
+        where = (compare_where or {}).get(position)
+        g_cmp, w_cmp = (grad, w) if where is None else (grad[where], w[where])
+        close = torch.isclose(g_cmp, w_cmp, atol=atol, rtol=rtol)
+        if not close.all():
+            raise CheckError(f"{what} have the right values, but not the right gradient with respect to {leaf_name} "
+                             f"({int((~close).sum())} of {close.numel()} entries differ from the reference's): is part "
+                             f"of the computation detached ({_CUT}) or replaced by a constant?")
+
+
+# --- more than one shape: the shapes the exercise allows, each tried --------------------------
+
+
+def _sizes(dims: Mapping[str, int]) -> str:
+    return f"({', '.join(dims)}) = {tuple(dims.values())}"
+
+
+def shape_cases(dims: Mapping[str, int], *, ones: tuple[str, ...] = ("B",),
+                distinct: Mapping[str, int] | None = None) -> list[tuple[str, dict[str, int], str]]:
+    """The shapes to try, as ``(label, sizes, likely cause if only this one fails)``.
+
+    The sizes asked for come first; then each letter of ``ones`` set to 1 (a
+    ``squeeze()`` that also drops that axis breaks there); then, if two of the
+    sizes asked for are equal, ``distinct``: sizes that all differ, so that a
+    transposed or swapped pair of dimensions cannot pass by luck.
+    """
+    cases = [(_sizes(dims), dict(dims), "")]
+    for letter in ones:
+        if dims.get(letter, 1) != 1:
+            cases.append((f"{letter} = 1", {**dims, letter: 1},
+                          f"an axis of size 1 disappeared when {letter} = 1: a `.squeeze()` without a dimension (or "
+                          "an index such as [0]) drops every size-1 axis, not only the one you mean"))
+    if distinct is not None and len(set(dims.values())) < len(dims):
+        cases.append((f"sizes that all differ, {_sizes(distinct)}", dict(distinct),
+                      "two sizes that were equal are now different: a transposed or swapped pair of dimensions "
+                      "(e.g. T and S) gives the right shape only while they are equal"))
+    return cases
+
+
+def sweep(check_once: Callable[..., None], cases: list[tuple[str, dict[str, Any], str]]) -> None:
+    """Run ``check_once(**sizes)`` for every case; a failure after the first case says which case broke it.
+
+    Raises:
+        CheckError: The case's own message, prefixed with the shapes that worked and
+            the ones that failed, and the likely cause for that case.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    for i, (label, sizes, likely) in enumerate(cases):
+        try:
+            check_once(**sizes)
+        except CheckError as err:
+            if i == 0:
+                raise
+            raise CheckError(f"works for {cases[0][0]} but fails for {label}: {err}"
+                             + (f"\n  likely cause: {likely}" if likely else "")) from None

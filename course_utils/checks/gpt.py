@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from course_utils.blocks import gpt
-from course_utils.checks.core import call, check_close, check_tensor, describe, passed
+from course_utils.checks.core import (call, check_close, check_tensor, describe, passed, reference_guard, shape_cases,
+                                     sweep)
 from course_utils.core.errors import CheckError
 
 
@@ -31,11 +32,20 @@ def check_next_token_loss(fn: Callable[..., Any], seed: int = 0, B: int = 3, T: 
     """Check a learner's ``next_token_loss(model, tokens)`` (notebook 09, exercise 1).
 
     Runs it on a small causal model and windows of T + 1 random tokens;
-    compares the loss and its gradient with respect to every parameter.
+    compares the loss and its gradient with respect to every parameter. At the
+    sizes asked for, then at B = 1, T = 1 and sizes that all differ.
 
     Raises:
         CheckError: Naming the likely bug.
     """
+    __tracebackhide__ = True  # noqa: F841
+    with reference_guard(fn, gpt.next_token_loss):
+        sweep(lambda B, T, V: _next_token_loss_once(fn, seed, B, T, V),
+              shape_cases({"B": B, "T": T, "V": V}, ones=("B", "T"), distinct={"B": 3, "T": 5, "V": 7}))
+    passed("next_token_loss")
+
+
+def _next_token_loss_once(fn: Callable[..., Any], seed: int, B: int, T: int, V: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
     model = _tiny_model(V, T + 1, seed)
@@ -72,7 +82,7 @@ def check_next_token_loss(fn: Callable[..., Any], seed: int = 0, B: int = 3, T: 
                      "against, and how you average")
     if got.grad_fn is None:
         raise CheckError("the loss has no gradient: it was detached from the model (torch.no_grad, .detach(), "
-                         ".item() or a tensor rebuilt from numbers)")
+                         ".data, .item() or a tensor rebuilt from numbers)")
     grads = torch.autograd.grad(got, list(model.parameters()), allow_unused=True)
     for (name, _), grad, want in zip(model.named_parameters(), grads, expected_grads):
         if grad is None:
@@ -80,7 +90,6 @@ def check_next_token_loss(fn: Callable[..., Any], seed: int = 0, B: int = 3, T: 
                              "computed by the model from its inputs?")
         check_close(grad, want, name=f"the gradient of the loss for {name}",
                     hint="the value is right but the gradient is not: is part of the computation detached?")
-    passed("next_token_loss")
 
 
 def _nucleus_size(logits: torch.Tensor, p: float) -> torch.Tensor:
@@ -90,9 +99,10 @@ def _nucleus_size(logits: torch.Tensor, p: float) -> torch.Tensor:
 def check_filter_logits(fn: Callable[..., Any], seed: int = 0, B: int = 4, V: int = 10) -> None:
     """Check a learner's ``filter_logits(logits, top_k=None, top_p=None)`` (notebook 09, exercise 2).
 
-    Tries top-k alone (k = 1, a middle k, k = V), top-p alone (p close to 0,
-    middle values, p = 1), both together, a single row of shape (V,), and
-    compares which tokens stay, their values and that ``logits`` is unchanged.
+    Tries neither (the logits unchanged), top-k alone (k = 1, a middle k, k = V),
+    top-p alone (p close to 0, middle values, p = 1), both together, a single
+    row of shape (V,) and a (2, B, V) batch, and compares which tokens stay,
+    their values and that ``logits`` is unchanged.
 
     Raises:
         CheckError: Naming the likely bug.
@@ -101,17 +111,26 @@ def check_filter_logits(fn: Callable[..., Any], seed: int = 0, B: int = 4, V: in
     g = torch.Generator().manual_seed(seed)
     logits = 2.0 * torch.randn(B, V, generator=g)  # distinct values: no ties at the boundary
     k_mid = max(1, V // 3)
-    cases = [(1, None), (k_mid, None), (V, None), (None, 1e-4), (None, 0.5), (None, 0.9), (None, 1.0), (k_mid, 0.6)]
-    for top_k, top_p in cases:
-        _check_filter_case(fn, logits, top_k, top_p)
-    _check_filter_case(fn, logits[0], k_mid, None)
-    _check_filter_case(fn, logits[0], None, 0.7)
+    cases = [(1, None), (k_mid, None), (V, None), (None, 1e-4), (None, 0.5), (None, 0.9), (None, 1.0), (k_mid, 0.6),
+             (None, None)]
+    batches = 2.0 * torch.randn(2, B, V, generator=g)  # (..., V) with two leading axes
+
+    def check_once(rows: torch.Tensor) -> None:
+        for top_k, top_p in (cases if rows is logits else [(k_mid, None), (None, 0.7)]):
+            _check_filter_case(fn, rows, top_k, top_p)
+
+    leading = ("the code assumes a fixed number of axes: the vocabulary is the last one, whatever the number of "
+               "leading axes")
+    with reference_guard(fn, gpt.filter_logits):
+        sweep(check_once, [(f"(B, V) = {(B, V)} logits", {"rows": logits}, ""),
+                           (f"a single row, (V,) = {(V,)}", {"rows": logits[0]}, leading),
+                           (f"(2, B, V) = {(2, B, V)} logits", {"rows": batches}, leading)])
     passed("filter_logits")
 
 
 def _check_filter_case(fn: Callable[..., Any], logits: torch.Tensor, top_k: int | None, top_p: float | None) -> None:
     __tracebackhide__ = True  # noqa: F841
-    what = ", ".join(f"{n}={v}" for n, v in (("top_k", top_k), ("top_p", top_p)) if v is not None)
+    what = ", ".join(f"{n}={v}" for n, v in (("top_k", top_k), ("top_p", top_p)) if v is not None) or "top_k=None, top_p=None"
     shape = tuple(logits.shape)
     copy = logits.clone()
     got = call(fn, logits, top_k, top_p, name="filter_logits", expected=f"filtered logits of shape {shape}",
@@ -165,11 +184,25 @@ def check_attend_with_cache(fn: Callable[..., Any], seed: int = 0, B: int = 2, H
     Tries no cache with several new positions (the causal mask), one new
     position after a cache, several new positions after a cache (the mask's
     offset), an empty cache, and decoding a sequence in pieces, which must give
-    the same outputs as the whole sequence at once.
+    the same outputs as the whole sequence at once. At the sizes asked for,
+    then at B = 1, G = 1 (one group for all heads), G = H (one group per head)
+    and sizes that all differ.
 
     Raises:
         CheckError: Naming the likely bug.
     """
+    __tracebackhide__ = True  # noqa: F841
+    cases = shape_cases({"B": B, "H": H, "G": G, "Dh": Dh}, ones=("B", "G"), distinct={"B": 3, "H": 4, "G": 2, "Dh": 5})
+    if G != H:
+        cases.insert(1, (f"G = H = {H} (one group per head)", {"B": B, "H": H, "G": H, "Dh": Dh},
+                         "with one group per head, query head h reads group h: check how the heads are matched "
+                         "to the groups"))
+    with reference_guard(fn, gpt.attend_with_cache):
+        sweep(lambda B, H, G, Dh: _attend_with_cache_once(fn, seed, B, H, G, Dh), cases)
+    passed("attend_with_cache")
+
+
+def _attend_with_cache_once(fn: Callable[..., Any], seed: int, B: int, H: int, G: int, Dh: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
 
@@ -197,7 +230,6 @@ def check_attend_with_cache(fn: Callable[..., Any], seed: int = 0, B: int = 2, H
     check_close(torch.cat(outs, dim=2), whole, name="outputs decoded in pieces of 2, 1 and 3 positions",
                 shape="B H T Dh", dims={"B": B, "H": H, "T": 6, "Dh": Dh},
                 hint="piece by piece, with the cache, must equal the whole sequence at once")
-    passed("attend_with_cache")
 
 
 def _check_cache_case(fn: Callable[..., Any], label: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from course_utils.blocks import attention, masks, multihead
-from course_utils.checks.core import call, check_close, describe, passed
+from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
+                                     shape_cases, sweep)
 from course_utils.core.errors import CheckError
 
 
@@ -16,10 +17,22 @@ def check_split_heads(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B: 
                       Dh: int = 5) -> None:
     """Check a learner's ``split_heads(x, num_heads) -> (B, H, T, Dh)`` (notebook 05, exercise 1).
 
+    Forward and backward, at the sizes asked for, then at B = 1, T = 1, H = 1 and
+    sizes that all differ.
+
     Raises:
         CheckError: Naming the likely bug, in particular a ``view`` straight to
             the head shape, which scrambles tokens across heads.
     """
+    __tracebackhide__ = True  # noqa: F841
+    with reference_guard(fn, multihead.split_heads):
+        sweep(lambda B, T, H, Dh: _split_heads_once(fn, seed, B, T, H, Dh),
+              shape_cases({"B": B, "T": T, "H": H, "Dh": Dh}, ones=("B", "T", "H"),
+                          distinct={"B": 2, "T": 3, "H": 4, "Dh": 5}))
+    passed("split_heads")
+
+
+def _split_heads_once(fn: Callable[[torch.Tensor, int], Any], seed: int, B: int, T: int, H: int, Dh: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
     D = H * Dh
@@ -49,16 +62,28 @@ def check_split_heads(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B: 
     }
     check_close(got, expected, name="the heads", shape="B H T Dh", dims={"B": B, "H": H, "T": T, "Dh": Dh},
                 hints=hints, suspects=suspects, hint="head h of token i must be x[b, i, h*Dh:(h+1)*Dh]")
-    passed("split_heads")
+    check_gradients(fn, (x, H), multihead.split_heads, name="split_heads", wrt={0: "x"}, what="the heads", seed=seed)
 
 
 def check_merge_heads(fn: Callable[[torch.Tensor], Any], seed: int = 0, B: int = 2, H: int = 4, T: int = 3,
                       Dh: int = 5) -> None:
     """Check a learner's ``merge_heads(x) -> (B, T, H * Dh)`` (notebook 05, exercise 2).
 
+    Forward and backward, at the sizes asked for, then at B = 1, H = 1, T = 1 and
+    sizes that all differ.
+
     Raises:
         CheckError: Naming the likely bug, in particular a reshape without the transpose back.
     """
+    __tracebackhide__ = True  # noqa: F841
+    with reference_guard(fn, multihead.merge_heads):
+        sweep(lambda B, H, T, Dh: _merge_heads_once(fn, seed, B, H, T, Dh),
+              shape_cases({"B": B, "H": H, "T": T, "Dh": Dh}, ones=("B", "H", "T"),
+                          distinct={"B": 2, "H": 4, "T": 3, "Dh": 5}))
+    passed("merge_heads")
+
+
+def _merge_heads_once(fn: Callable[[torch.Tensor], Any], seed: int, B: int, H: int, T: int, Dh: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, H, T, Dh, generator=g)
@@ -83,7 +108,8 @@ def check_merge_heads(fn: Callable[[torch.Tensor], Any], seed: int = 0, B: int =
     }
     check_close(got, expected, name="the merged heads", shape="B T D", dims={"B": B, "T": T, "D": H * Dh},
                 hints=hints, suspects=suspects, hint="out[b, i, h*Dh:(h+1)*Dh] must be x[b, h, i]")
-    passed("merge_heads")
+    check_gradients(fn, (x,), multihead.merge_heads, name="merge_heads", wrt={0: "x"}, what="the merged heads",
+                    seed=seed)
 
 
 def _mha_variant(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, projections: tuple[Any, ...],
@@ -107,47 +133,73 @@ def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2
                                D: int = 12, H: int = 3) -> None:
     """Check a learner's ``multi_head_attention(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads, mask)``.
 
-    Notebook 05, exercise 3. Two calls: self-attention without a mask, and
-    cross-attention (S != T) with a padding mask of shape (B, 1, 1, S).
+    Notebook 05, exercise 3. Calls: self-attention without a mask (query, key
+    and value the same tensor, as the text allows); cross-attention (S != T)
+    with three different tensors and a padding mask of shape (B, 1, 1, S); the
+    other mask shapes the text allows ((T, S), (B, 1, T, S), (B, H, T, S)); a
+    backward pass. At the sizes asked for, then at B = 1, H = 1 and sizes that
+    all differ. ``split_heads``, ``merge_heads`` and ``scaled_dot_product_attention``
+    of the course may be used, as the exercise says.
 
     Raises:
         CheckError: Naming the likely bug: the wrong split, a merge without
             the transpose, a scale by sqrt(D) instead of sqrt(Dh), a missing
-            output projection, averaged weights.
+            output projection, averaged weights, key used as value.
     """
     __tracebackhide__ = True  # noqa: F841
+    with reference_guard(fn, multihead.multi_head_attention, multihead.MultiHeadAttention.forward):
+        sweep(lambda B, T, S, D, H: _mha_once(fn, seed, B, T, S, D, H),
+              shape_cases({"B": B, "T": T, "S": S, "D": D, "H": H}, ones=("B", "H"),
+                          distinct={"B": 2, "T": 3, "S": 4, "D": 12, "H": 3}))
+    passed("multi_head_attention")
+
+
+def _mha_once(fn: Callable[..., Any], seed: int, B: int, T: int, S: int, D: int, H: int) -> None:
+    __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
-    torch_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    projections = tuple(torch.nn.Linear(D, D) for _ in range(4))
-    torch.random.set_rng_state(torch_state)
+    with torch.random.fork_rng(devices=[]):  # the learner's global random state is left alone
+        torch.manual_seed(seed)
+        projections = tuple(torch.nn.Linear(D, D) for _ in range(4))
     x = torch.randn(B, T, D, generator=g)
     memory = torch.randn(B, S, D, generator=g)
     lengths = torch.full((B,), S)
     lengths[-1] = S - 1
     pad = masks.padding_mask(lengths, S)[:, None]  # (B, 1, 1, S)
+    value = torch.randn(B, S, D, generator=g)  # a third tensor: key and value are not always the same
+    per_query = torch.rand(B, 1, T, S, generator=g) < 0.6
+    per_head = torch.rand(B, H, T, S, generator=g) < 0.6
+    per_query[..., 0] = per_head[..., 0] = True  # every query may attend to key 0
     Dh = D // H
-    for label, (query, key, value, mask) in [("self-attention", (x, x, x, None)),
-                                             ("cross-attention with a padding mask", (x, memory, memory, pad))]:
+    mask_cases = [(f"cross-attention with a ({', '.join(letters)}) = {tuple(m.shape)} mask", m)
+                  for letters, m in ((("T", "S"), masks.causal_mask(T, S)), (("B", "1", "T", "S"), per_query),
+                                     (("B", "H", "T", "S"), per_head))]
+    for label, (query, key, value_, mask) in [("self-attention", (x, x, x, None)),
+                                              ("cross-attention with a padding mask", (x, memory, value, pad))] + [
+            (label, (x, memory, value, m)) for label, m in mask_cases]:
         Tq, Sk = query.shape[1], key.shape[1]
         with torch.no_grad():
-            got = call(fn, query, key, value, *projections, H, mask, name="multi_head_attention",
+            got = call(fn, query, key, value_, *projections, H, mask, name="multi_head_attention",
                        expected=f"a tuple (out (B, T, D) = {(B, Tq, D)}, weights (B, H, T, S) = {(B, H, Tq, Sk)})",
                        error_hint="key and value may be longer than query (S != T): take their length from their "
-                                  "own shape, not from query's")
-            expected_out, expected_weights = multihead.multi_head_attention(query, key, value, *projections, H, mask)
+                                  "own shape, not from query's; the mask may have any shape that broadcasts to "
+                                  "(B, H, T, S)")
+            expected_out, expected_weights = multihead.multi_head_attention(query, key, value_, *projections, H, mask)
             variants = {
                 "the heads were split with a view straight to (B, H, T, Dh), which scrambles tokens across heads "
-                "(section 1)": _mha_variant(query, key, value, projections, H, mask, bad_split=True),
+                "(section 1)": _mha_variant(query, key, value_, projections, H, mask, bad_split=True),
                 "the heads were merged with a reshape to (B, T, D) without transposing back, which mixes tokens "
-                "(Exercise 2)": _mha_variant(query, key, value, projections, H, mask, bad_merge=True),
+                "(Exercise 2)": _mha_variant(query, key, value_, projections, H, mask, bad_merge=True),
                 f"the scores were scaled by sqrt(D) = sqrt({D}), the model width; each head's queries and keys have "
-                f"Dk = Dh = {Dh} features: divide by sqrt(Dk)": _mha_variant(query, key, value, projections, H, mask,
+                f"Dk = Dh = {Dh} features: divide by sqrt(Dk)": _mha_variant(query, key, value_, projections, H, mask,
                                                                       scale_by_model_width=True),
                 "the output projection is missing: apply out_proj to the merged heads": _mha_variant(
-                    query, key, value, projections, H, mask, no_out_proj=True),
-                "the mask was ignored: padded keys get weight": _mha_variant(query, key, value, projections, H, None),
+                    query, key, value_, projections, H, mask, no_out_proj=True),
+                "the mask was ignored: padded keys get weight": _mha_variant(query, key, value_, projections, H, None),
             }
+            if value_ is not key:
+                variants["the values were computed from key: v_proj must be applied to value (key and value are "
+                         "often, but not always, the same tensor)"] = _mha_variant(query, key, key, projections, H,
+                                                                                    mask)
         if not isinstance(got, tuple) or len(got) != 2:
             raise CheckError(f"{label}: expected a tuple (out, weights), got {describe(got)}")
         out, weights = got
@@ -165,4 +217,6 @@ def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2
                                            "token side by side and then mixed by the output projection"},
                     hint="each head's output is the weighted sum of its values; the heads of each token are "
                          "concatenated, then mixed by the output projection (section 2's equations)")
-    passed("multi_head_attention")
+    check_gradients(fn, (x, memory, value, *projections, H, pad), multihead.multi_head_attention,
+                    name="multi_head_attention", wrt={0: "query", 1: "key", 2: "value"}, what="out and the weights",
+                    seed=seed)

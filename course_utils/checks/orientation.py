@@ -8,16 +8,28 @@ from typing import Any
 import torch
 
 from course_utils.blocks import attention, masks
-from course_utils.checks.core import call, check_close, check_tensor, passed
+from course_utils.checks.core import (call, check_close, check_gradients, check_tensor, passed, reference_guard,
+                                     shape_cases, sweep)
 from course_utils.core.errors import CheckError
 
 
 def check_padding_mask(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B: int = 4, S: int = 6) -> None:
     """Check a learner's ``padding_mask(lengths, S) -> (B, 1, S) bool`` (notebook 00, exercise 1).
 
+    Tried at the sizes asked for, then at B = 1 and S = 1 and at sizes with B != S;
+    the lengths include 0, 1 and S.
+
     Raises:
         CheckError: Naming the likely bug.
     """
+    __tracebackhide__ = True  # noqa: F841
+    with reference_guard(fn, masks.padding_mask):
+        sweep(lambda B, S: _padding_mask_once(fn, seed, B, S),
+              shape_cases({"B": B, "S": S}, ones=("B", "S"), distinct={"B": 4, "S": 6}))
+    passed("padding_mask")
+
+
+def _padding_mask_once(fn: Callable[[torch.Tensor, int], Any], seed: int, B: int, S: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, S + 1, (B,), generator=g)
@@ -51,7 +63,6 @@ def check_padding_mask(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B:
     check_close(got_t.float(), expected.float(), name="the mask", shape="B 1 S", dims={**dims, "1": 1},
                 suspects={k: v.float() for k, v in suspects.items()},
                 hint="position j of sequence b is real exactly when j < lengths[b]")
-    passed("padding_mask")
 
 
 def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
@@ -59,11 +70,25 @@ def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed:
     """Check a learner's ``pairwise_scores(q, k) -> (..., T, S)`` (notebook 00, exercise 2).
 
     Tried on (B, T, D) and (B, S, D) inputs, then on (B, H, T, D) and
-    (B, H, S, D) inputs with a head axis.
+    (B, H, S, D) inputs with a head axis, forward and backward; at the sizes
+    asked for, then at B = 1, at H = 1 and at sizes that all differ.
+    ``einsum`` is ruled out by the exercise text.
 
     Raises:
         CheckError: Naming the likely bug.
     """
+    __tracebackhide__ = True  # noqa: F841
+    cases = shape_cases({"B": B, "T": T, "S": S, "D": D}, distinct={"B": 2, "T": 4, "S": 6, "D": 3})
+    cases.insert(1 + (B != 1), ("H = 1 (one head)", {"B": B, "T": T, "S": S, "D": D, "H": 1},
+                     "the head axis of size 1 disappeared: a `.squeeze()` without a dimension drops every size-1 axis"))
+    with reference_guard(fn, attention.pairwise_scores, ruled_out={
+            torch.einsum: "your function calls torch.einsum, which this exercise rules out: write it with `@`"}):
+        sweep(lambda B, T, S, D, H=None: _pairwise_scores_once(fn, seed, B, T, S, D, H), cases)
+    passed("pairwise_scores")
+
+
+def _pairwise_scores_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int, B: int, T: int, S: int, D: int,
+                          H: int | None) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, D, generator=g)
@@ -90,8 +115,10 @@ def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed:
     }
     check_close(got, expected, name="scores", shape="B T S", dims=dims, hints=hints, suspects=suspects,
                 hint="scores[b, i, j] must be the dot product of query i and key j of batch element b")
+    check_gradients(fn, (q, k), attention.pairwise_scores, name="pairwise_scores", wrt={0: "q", 1: "k"},
+                    what="the scores", seed=seed)
     # The same function must serve multi-head attention: (B, H, T, D) queries against (B, H, S, D) keys.
-    H = 3 if 3 not in (B, T, S, D) else 5
+    H = H if H is not None else 3 if 3 not in (B, T, S, D) else 5
     q4 = torch.randn(B, H, T, D, generator=g)
     k4 = torch.randn(B, H, S, D, generator=g)
     got4 = call(fn, q4, k4, name="pairwise_scores",
@@ -107,19 +134,32 @@ def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed:
     check_close(got4, attention.pairwise_scores(q4, k4), name="scores with a head axis", shape="B H T S",
                 dims=dims4, hints=hints4,
                 hint="for 4-D inputs scores[b, h, i, j] is the dot product of query i and key j of head h")
-    passed("pairwise_scores")
+    check_gradients(fn, (q4, k4), attention.pairwise_scores, name="pairwise_scores", wrt={0: "q", 1: "k"},
+                    what="the scores with a head axis", seed=seed)
 
 
 def check_masked_softmax(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
                          B: int = 3, T: int = 4, S: int = 5) -> None:
     """Check a learner's ``masked_softmax(scores, mask) -> weights`` (notebook 00, exercise 3).
 
-    ``mask`` is (B, 1, S) bool, True = may attend; a row with no allowed key
-    must come back as zeros, not NaN.
+    ``mask`` is bool, True = may attend, and broadcastable to the (B, T, S)
+    scores: tried as (B, 1, S) (with a sequence whose keys are all masked),
+    (B, T, S) (with one query whose keys are all masked) and (T, S). A row with
+    no allowed key must come back as zeros, not NaN. Then scores of about ±1e4
+    (exp overflows without subtracting the row's maximum) and a backward pass;
+    all at the sizes asked for, at B = 1, T = 1 and at sizes that all differ.
 
     Raises:
         CheckError: Naming the likely bug.
     """
+    __tracebackhide__ = True  # noqa: F841
+    with reference_guard(fn, attention.masked_softmax):
+        sweep(lambda B, T, S: _masked_softmax_once(fn, seed, B, T, S),
+              shape_cases({"B": B, "T": T, "S": S}, ones=("B", "T"), distinct={"B": 3, "T": 4, "S": 5}))
+    passed("masked_softmax")
+
+
+def _masked_softmax_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int, B: int, T: int, S: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
     scores = 2 * torch.randn(B, T, S, generator=g)
@@ -157,4 +197,35 @@ def check_masked_softmax(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: 
     check_close(got, expected, name="weights", shape="B T S", dims=dims, suspects=suspects,
                 hints={(B, 1, S): "the T queries are gone: keep scores' shape, the mask broadcasts over T"},
                 hint="each row must be a softmax over the allowed keys (True in the mask) and 0 elsewhere")
-    passed("masked_softmax")
+
+    # Other mask shapes the text allows: (B, T, S) with one query that may attend to nothing, and (T, S).
+    per_query = torch.rand(B, T, S, generator=g) < 0.6
+    per_query[..., 0] = True  # every query may attend to key 0 ...
+    per_query[0, T - 1] = False  # ... except the last query of sequence 0, which may attend to nothing
+    for label, other in ((f"a (B, T, S) = {(B, T, S)} mask in which one query may attend to nothing", per_query),
+                         (f"a (T, S) = {(T, S)} mask (the same for every sequence)", masks.causal_mask(T, S))):
+        other_copy = other.clone()
+        got = call(fn, scores, other, name="masked_softmax", expected=f"weights of shape (B, T, S) = {(B, T, S)}",
+                   error_hint="the mask may have any shape that broadcasts to the scores, (B, 1, S), (B, T, S) or "
+                              "(T, S): work with it as it comes, without indexing or reshaping its axes")
+        if not torch.equal(other, other_copy):
+            raise CheckError("masked_softmax changed `mask` in place: build new tensors instead")
+        check_close(got, attention.masked_softmax(scores, other), name=f"weights with {label}", shape="B T S",
+                    dims=dims, hint="each row must be a softmax over its own allowed keys and all zeros when it has "
+                                    "none, whatever the shape of the mask (it broadcasts to the scores)")
+
+    # Large scores: exp overflows float32 above about 88 unless the row's maximum is subtracted first.
+    big = 1e4 * torch.randn(B, T, S, generator=g)
+    got = call(fn, big, mask, name="masked_softmax", expected=f"weights of shape (B, T, S) = {(B, T, S)}")
+    expected_big = attention.masked_softmax(big, mask)
+    if (isinstance(got, torch.Tensor) and tuple(got.shape) == (B, T, S) and got.is_floating_point()
+            and not torch.isfinite(got[lengths > 0]).all()):
+        raise CheckError("the weights are NaN or inf for large scores (about ±1e4): exp overflows float32 above "
+                         "about 88. Subtract each row's largest score before exp (torch.softmax does), which leaves "
+                         "the weights unchanged")
+    check_close(got, expected_big, name="weights for large scores (about ±1e4)", shape="B T S", dims=dims,
+                hint="the weights must not depend on how large the scores are, only on their differences")
+
+    check_gradients(fn, (scores, mask), attention.masked_softmax, name="masked_softmax", wrt={0: "scores"},
+                    what="the weights", seed=seed,
+                    not_finite=" (at a row whose keys are all masked?): the backward pass goes through that row too")

@@ -8,17 +8,31 @@ from typing import Any
 import torch
 
 from course_utils.blocks import positional
-from course_utils.checks.core import call, check_close, passed
+from course_utils.checks.core import call, check_close, check_gradients, passed, reference_guard, shape_cases, sweep
 from course_utils.core.errors import CheckError
 
 
 def check_sinusoidal_positional_encoding(fn: Callable[[int, int], Any], T: int = 12, D: int = 8) -> None:
     """Check a learner's ``sinusoidal_positional_encoding(T, D) -> (T, D)`` (notebook 06, exercise 1).
 
+    At the sizes asked for, then at T = 1, D = 2 and sizes with T != D.
+
     Raises:
         CheckError: Naming the likely bug (sin and cos swapped, one frequency
             per feature instead of per pair, the halves layout, positions from 1).
     """
+    __tracebackhide__ = True  # noqa: F841
+    cases = shape_cases({"T": T, "D": D}, ones=("T",), distinct={"T": 12, "D": 8})
+    if D != 2:
+        cases.insert(1, ("D = 2 (one pair of features)", {"T": T, "D": 2},
+                         "with a single pair there is one frequency, theta_0 = 1: check how the frequencies are "
+                         "indexed"))
+    with reference_guard(fn, positional.sinusoidal_positional_encoding):
+        sweep(lambda T, D: _sinusoidal_once(fn, T, D), cases)
+    passed("sinusoidal_positional_encoding")
+
+
+def _sinusoidal_once(fn: Callable[[int, int], Any], T: int, D: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     got = call(fn, T, D, name="sinusoidal_positional_encoding", expected=f"a (T, D) = {(T, D)} float tensor")
     expected = positional.sinusoidal_positional_encoding(T, D)
@@ -47,24 +61,44 @@ def check_sinusoidal_positional_encoding(fn: Callable[[int, int], Any], T: int =
              "into the even columns and the cosines into the odd ones"}
     check_close(got, expected, name="the encoding", shape="T D", dims={"T": T, "D": D}, hints=hints, suspects=suspects,
                 hint="PE[p, 2m] = sin(p / 10000^(2m/D)) and PE[p, 2m + 1] = cos(p / 10000^(2m/D))")
-    passed("sinusoidal_positional_encoding")
 
 
 def check_apply_rotary(fn: Callable[[torch.Tensor, torch.Tensor | None], Any], seed: int = 0, B: int = 2, T: int = 5,
                        Dk: int = 8) -> None:
     """Check a learner's ``apply_rotary(x, positions=None)`` on x of shape (B, T, Dk) (notebook 06, exercise 2).
 
+    Default and given positions, a bfloat16 x at positions from 1000, and a
+    backward pass; at the sizes asked for, at B = 1, T = 1 and sizes that all
+    differ, and on (B, H, T, Dk) and (T, Dk) inputs (the text allows any
+    leading axes).
+
     Raises:
         CheckError: Naming the likely bug (rotation the wrong way, the rotate-half
             pairing, ignored positions, angles rounded to bfloat16).
     """
     __tracebackhide__ = True  # noqa: F841
+    leading = "the code assumes 3-D x: the pairs are in the last axis and the positions in the one before it, " \
+              "whatever the number of leading axes"
+    cases = shape_cases({"B": B, "T": T, "Dk": Dk}, ones=("B", "T"), distinct={"B": 2, "T": 5, "Dk": 8})
+    cases += [(f"(B, H, T, Dk) = {(B, 3, T, Dk)} x, with a head axis", {"B": B, "T": T, "Dk": Dk, "H": 3}, leading),
+              (f"(T, Dk) = {(T, Dk)} x, without a batch axis", {"B": None, "T": T, "Dk": Dk}, leading)]
+    with reference_guard(fn, positional.apply_rotary):
+        sweep(lambda B, T, Dk, H=None: _apply_rotary_once(fn, seed, tuple(n for n in (B, H) if n is not None), T, Dk),
+              cases)
+    passed("apply_rotary")
+
+
+def _apply_rotary_once(fn: Callable[[torch.Tensor, torch.Tensor | None], Any], seed: int, lead: tuple[int, ...],
+                       T: int, Dk: int) -> None:
+    __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, T, Dk, generator=g)
+    letters = ("B", "H")[:len(lead)]
+    shape, dims = " ".join(letters + ("T", "Dk")), {**dict(zip(letters, lead)), "T": T, "Dk": Dk}
+    x = torch.randn(*lead, T, Dk, generator=g)
     positions = torch.tensor([3, 0, 7, 1, 12][:T] + list(range(20, 20 + max(0, T - 5))))
     x_copy = x.clone()
     for label, args in [("default positions", (x, None)), ("given positions", (x, positions))]:
-        got = call(fn, *args, name="apply_rotary", expected=f"a tensor shaped like x, {(B, T, Dk)}")
+        got = call(fn, *args, name="apply_rotary", expected=f"a tensor shaped like x, {tuple(x.shape)}")
         if not torch.equal(x, x_copy):
             raise CheckError("apply_rotary changed x in place: build the output in a new tensor")
         pos = torch.arange(T) if args[1] is None else args[1]
@@ -85,23 +119,23 @@ def check_apply_rotary(fn: Callable[[torch.Tensor, torch.Tensor | None], Any], s
         if args[1] is not None:
             suspects["the given positions were ignored: use 0 .. T - 1 only when positions is None"] = (
                 positional.apply_rotary(x, None))
-        check_close(got, expected, name=f"the rotated x ({label})", shape="B T Dk", dims={"B": B, "T": T, "Dk": Dk},
+        check_close(got, expected, name=f"the rotated x ({label})", shape=shape, dims=dims,
                     suspects=suspects, hint="pair (2m, 2m + 1) of the row at position p is turned by the angle "
                                             "p * theta_m, theta_m = 10000^(-2m/Dk)")
     # bfloat16 at large positions: the angles must not be rounded to x's dtype before cos and sin
-    x16 = torch.randn(B, T, Dk, generator=g).to(torch.bfloat16)
+    x16 = torch.randn(*lead, T, Dk, generator=g).to(torch.bfloat16)
     far = 1000 + torch.arange(T)  # bfloat16 rounds 1001 and 1002 to 1000
-    got = call(fn, x16, far, name="apply_rotary", expected=f"a bfloat16 tensor shaped like x, {(B, T, Dk)}")
+    got = call(fn, x16, far, name="apply_rotary", expected=f"a bfloat16 tensor shaped like x, {tuple(x16.shape)}")
     even, odd = x16[..., 0::2], x16[..., 1::2]
 
-    def turned(angles: torch.Tensor) -> torch.Tensor:  # (T, Dk/2) bfloat16 angles -> (B, T, Dk)
+    def turned(angles: torch.Tensor) -> torch.Tensor:  # (T, Dk/2) bfloat16 angles -> (..., T, Dk)
         return torch.stack([even * angles.cos() - odd * angles.sin(), even * angles.sin() + odd * angles.cos()],
                            dim=-1).flatten(-2)
 
     theta = positional.frequencies(Dk)  # (Dk/2,)
     rounded = "the angles were rounded to bfloat16 (x's dtype) before cos and sin"
     check_close(got, positional.apply_rotary(x16, far), name="the rotated bfloat16 x (positions 1000, 1001, ...)",
-                shape="B T Dk", dims={"B": B, "T": T, "Dk": Dk}, atol=0.05, rtol=0.02,
+                shape=shape, dims=dims, atol=0.05, rtol=0.02,
                 suspects={  # the first message is true of both variants (they often give the same values)
                     f"{rounded}: bfloat16 keeps 8 significant bits, so an angle near 1000 radians can be off by "
                     "2 radians, and positions 1000, 1001 and 1002 get the same angle in pair 0":
@@ -110,4 +144,5 @@ def check_apply_rotary(fn: Callable[[torch.Tensor, torch.Tensor | None], Any], s
                     "1000 radians can be off by 2 radians": turned((far[:, None].float() * theta[None, :]).bfloat16()),
                 },
                 hint="look at how precisely the angles of positions near 1000 are computed")
-    passed("apply_rotary")
+    check_gradients(fn, (x, positions), positional.apply_rotary, name="apply_rotary", wrt={0: "x"},
+                    what="the rotated rows", seed=seed)

@@ -14,45 +14,16 @@ from typing import Any
 import torch
 
 from course_utils.blocks import attention, masks
-from course_utils.checks.core import call, check_close, passed
+from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
+                                     shape_cases, sweep)
+from course_utils.experiments.scaling import saturation_width
 from course_utils.core.errors import CheckError
 
-_DETACHED = ("{what} have the right values but are cut off from autograd (a detour through NumPy, torch.tensor(...) "
-             "or .detach()), so no gradient can flow back through them to {inputs}")
 
-
-def _gradients(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...], upstream: torch.Tensor, *, name: str,
-               what: str, input_names: tuple[str, ...], not_finite: str = "") -> tuple[torch.Tensor, ...]:
-    """Run ``fn`` on leaf copies of ``inputs`` and return the gradients of ``(out * upstream).sum()``.
-
-    Args:
-        not_finite: The likely cause of a NaN or inf gradient, for the message.
-
-    Raises:
-        CheckError: If the output is detached from the inputs, or a gradient is missing, NaN or inf.
-    """
-    __tracebackhide__ = True  # noqa: F841
-    leaves = tuple(x.clone().requires_grad_(True) for x in inputs)
-    got = call(fn, *leaves, name=name, expected=f"{what} again, now for inputs that require a gradient",
-               error_hint="it works on tensors that need no gradient and fails on ones that do: a detour through "
-                          "NumPy (.numpy()) cuts the result off from autograd")
-    out = got[0] if isinstance(got, tuple) and len(got) == 2 else got
-
-    def listed(names: list[str]) -> str:
-        return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-
-    if not isinstance(out, torch.Tensor) or out.grad_fn is None:
-        raise CheckError(_DETACHED.format(what=what, inputs=listed(list(input_names))))
-    grads = torch.autograd.grad((out * upstream).sum(), leaves, allow_unused=True)
-    missing = [leaf_name for leaf_name, grad in zip(input_names, grads) if grad is None]
-    if missing:
-        raise CheckError(_DETACHED.format(what=what, inputs=listed(missing)))
-    for leaf_name, grad in zip(input_names, grads):
-        if not torch.isfinite(grad).all():
-            raise CheckError(f"{what} have the right values, but their gradient with respect to {leaf_name} is NaN "
-                             f"or inf{not_finite or ''}: one training step with it would turn every weight of a "
-                             "model into NaN")
-    return grads
+def _first(result: Any) -> tuple[torch.Tensor, ...]:
+    """out, whether a function returns out or (out, weights)."""
+    out = result[0] if isinstance(result, tuple) and len(result) == 2 else result
+    return (out,) if isinstance(out, torch.Tensor) else ()
 
 
 def check_attention_entropy(fn: Callable[[torch.Tensor], Any], seed: int = 0, B: int = 2, T: int = 3,
@@ -62,23 +33,42 @@ def check_attention_entropy(fn: Callable[[torch.Tensor], Any], seed: int = 0, B:
     The weights include one-hot rows and zeros (masked keys), where 0 · log 0
     must count as 0, in the forward pass and in the backward pass: the
     gradient with respect to the weights must be finite everywhere (a NaN at
-    a masked key would spread through the softmax to every score).
+    a masked key would spread through the softmax to every score). Tried on
+    (B, T, S) weights at the sizes asked for, at B = 1, T = 1 and sizes that
+    all differ, and on (B, H, T, S) weights with a head axis.
 
     Raises:
         CheckError: Naming the likely bug.
     """
     __tracebackhide__ = True  # noqa: F841
+    cases = shape_cases({"B": B, "T": T, "S": S}, ones=("B", "T"), distinct={"B": 2, "T": 3, "S": 5})
+    cases.append((f"(B, H, T, S) = {(B, 3, T, S)} weights, with a head axis", {"B": B, "T": T, "S": S, "H": 3},
+                  "the code assumes 3-D weights: the keys are the last axis, the queries the one before, whatever "
+                  "the number of leading axes"))
+    with reference_guard(fn, attention.attention_entropy):
+        sweep(lambda B, T, S, H=None: _entropy_once(fn, seed, (B,) if H is None else (B, H), T, S), cases)
+    passed("attention_entropy")
+
+
+def _entropy_once(fn: Callable[[torch.Tensor], Any], seed: int, lead: tuple[int, ...], T: int, S: int) -> None:
+    __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
-    scores = 2 * torch.randn(B, T, S, generator=g)
+    B = lead[0]
+    letters = ("B", "H")[:len(lead)]
+    dims = {**dict(zip(letters, lead)), "T": T, "S": S}
+    scores = 2 * torch.randn(*lead, T, S, generator=g)
     mask = masks.padding_mask(torch.tensor([S] + [max(1, S - 2)] * (B - 1)), S)  # (B, 1, S): some keys masked
-    weights = attention.masked_softmax(scores, mask)  # (B, T, S), zeros on masked keys
-    weights[0, 0] = torch.nn.functional.one_hot(torch.tensor(1), S).float()  # a one-hot row: entropy 0
+    mask = mask.reshape(B, *[1] * (len(lead) - 1), 1, S)  # (B, 1, S) or (B, 1, 1, S)
+    weights = attention.masked_softmax(scores, mask)  # (..., T, S), zeros on masked keys
+    weights[(0,) * (len(lead) + 1)] = torch.nn.functional.one_hot(torch.tensor(min(1, S - 1)), S).float()  # entropy 0
     weights_copy = weights.clone()
-    got = call(fn, weights, name="attention_entropy", expected=f"entropies of shape (B, T) = {(B, T)}")
+    out_shape = (*lead, T)
+    got = call(fn, weights, name="attention_entropy",
+               expected=f"entropies of shape ({', '.join(letters + ('T',))}) = {out_shape}")
     if not torch.equal(weights, weights_copy):
         raise CheckError("attention_entropy changed `weights` in place: use out-of-place operations")
     expected = attention.attention_entropy(weights)
-    if isinstance(got, torch.Tensor) and tuple(got.shape) == (B, T) and torch.isnan(got).any():
+    if isinstance(got, torch.Tensor) and tuple(got.shape) == out_shape and torch.isnan(got).any():
         raise CheckError("some entropies are NaN: a weight of exactly 0 (a masked key) gives 0 · log 0 = 0 · (-inf) "
                          "= NaN, a term the convention counts as 0")
     suspects = {
@@ -88,23 +78,18 @@ def check_attention_entropy(fn: Callable[[torch.Tensor], Any], seed: int = 0, B:
         "this is a mean over the keys: the entropy is a sum over them": expected / S,
     }
     hints = {
-        (B, S): "you summed over the queries: the entropy of query i sums over its own keys",
-        (B, T, S): "the terms are not yet summed over the keys",
-        (): "a single number: return one entropy per query, (B, T)",
+        (*lead, S): "you summed over the queries: the entropy of query i sums over its own keys",
+        (*lead, T, S): "the terms are not yet summed over the keys",
+        (): "a single number: return one entropy per query, (..., T)",
     }
-    check_close(got, expected, name="entropies", shape="B T", dims={"B": B, "T": T}, hints=hints,
+    check_close(got, expected, name="entropies", shape=" ".join(letters + ("T",)), dims=dims, hints=hints,
                 suspects=suspects, hint="it is none of the usual mistakes: compare each term with the exercise's formula, and check "
                      "what the masked keys (weight 0) contribute")
-    (grad,) = _gradients(fn, (weights,), torch.ones(B, T), name="attention_entropy", what="the entropies",
-                         input_names=("the weights",),
-                         not_finite=" at the weights that are exactly 0: the backward pass still goes through "
-                                    "log 0 = -inf there (and 0 · -inf = NaN), even where the forward pass counted "
-                                    "the term as 0. Through the softmax, a NaN at one masked key reaches every score")
-    positive = weights > 0
-    if not torch.allclose(grad[positive], -(weights[positive].log() + 1), atol=1e-4, rtol=1e-4):
-        raise CheckError("the entropies have the right values, but not the right gradient with respect to the "
-                         "weights that are not 0: is part of the computation detached or replaced by a constant?")
-    passed("attention_entropy")
+    check_gradients(fn, (weights,), attention.attention_entropy, name="attention_entropy", wrt={0: "the weights"},
+                    what="the entropies", seed=seed, compare_where={0: weights > 0},
+                    not_finite=" at the weights that are exactly 0: the backward pass still goes through "
+                               "log 0 = -inf there (and 0 · -inf = NaN), even where the forward pass counted "
+                               "the term as 0. Through the softmax, a NaN at one masked key reaches every score")
 
 
 def check_scaled_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0, B: int = 2, H: int = 4,
@@ -112,12 +97,23 @@ def check_scaled_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: i
     """Check a learner's ``scaled_scores(q, k) -> (B, H, T, S)`` (notebook 04, exercise 2).
 
     Forward: the values, with the usual wrong scales recognised. Backward: the
-    gradients with respect to q and k must exist, be finite and be right.
+    gradients with respect to q and k must exist, be finite and be right. At the
+    sizes asked for, then at B = 1, H = 1 and sizes that all differ.
 
     Raises:
         CheckError: Naming the likely bug, in particular a scale by the model
             width D = H · Dh instead of the per-head key width Dh.
     """
+    __tracebackhide__ = True  # noqa: F841
+    with reference_guard(fn, attention.scaled_scores):
+        sweep(lambda B, H, T, S, Dh: _scaled_scores_once(fn, seed, B, H, T, S, Dh),
+              shape_cases({"B": B, "H": H, "T": T, "S": S, "Dh": Dh}, ones=("B", "H"),
+                          distinct={"B": 2, "H": 4, "T": 3, "S": 5, "Dh": 6}))
+    passed("scaled_scores")
+
+
+def _scaled_scores_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int, B: int, H: int, T: int, S: int,
+                        Dh: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, T, Dh, generator=g)
@@ -145,16 +141,8 @@ def check_scaled_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: i
     }
     check_close(got, expected, name="scores", shape="B H T S", dims={"B": B, "H": H, "T": T, "S": S}, hints=hints,
                 suspects=suspects, hint="it is none of the usual mistakes: check the product and the scale separately")
-    upstream = torch.randn(B, H, T, S, generator=g)
-    grad_q, grad_k = _gradients(fn, (q, k), upstream, name="scaled_scores", what="the scores",
-                                input_names=("q", "k"))
-    q_ref, k_ref = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
-    want_q, want_k = torch.autograd.grad((attention.scaled_scores(q_ref, k_ref) * upstream).sum(), (q_ref, k_ref))
-    for leaf_name, grad, want in (("q", grad_q, want_q), ("k", grad_k, want_k)):
-        if not torch.allclose(grad, want, atol=1e-5, rtol=1e-4):
-            raise CheckError(f"the scores have the right values, but not the right gradient with respect to "
-                             f"{leaf_name}: is part of the computation detached or replaced by a constant?")
-    passed("scaled_scores")
+    check_gradients(fn, (q, k), attention.scaled_scores, name="scaled_scores", wrt={0: "q", 1: "k"},
+                    what="the scores", seed=seed)
 
 
 def check_attention_scale(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0, B: int = 2,
@@ -215,6 +203,178 @@ def check_attention_scale(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor
         }
         check_close(out, expected, name=f"out{label}", shape="B H T Dv", dims=dims, suspects=suspects,
                     hint="it is none of the usual wrong scales: check the softmax's dimension and what enters it")
-    _gradients(fn, (q, k, v), torch.randn(B, H, T, Dv, generator=g), name="attention", what="the outputs",
-               input_names=("q", "k", "v"))
+    check_gradients(fn, (q, k, v), attention.scaled_dot_product_attention, name="attention",
+                    wrt={0: "q", 1: "k", 2: "v"}, what="the outputs", seed=seed, outputs=_first)
     passed("attention scale")
+
+
+# --- exercise 3: a measurement, graded against the reference measurement on the same draws -------------------
+
+_WIDTHS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+# Known mistakes: what each returns, and the generator's state it leaves, come from _width_with(mistake, ...).
+_WIDTH_MISTAKES = {
+    "scaled": "the scores were divided by sqrt(Dk): this exercise measures the softmax *without* the scale, whose "
+              "weights pile up on one key as Dk grows (with the scale they do not, section 3)",
+    "softmax over queries": "the softmax was taken over the queries: each query's weights sum to 1 over the keys "
+                            "(with S = 1, a `.squeeze()` that drops the key axis does this too)",
+    "keys first": "the keys were drawn before the queries: a measurement on the same generator can be repeated (and "
+                  "compared with the reference's) only with the same draws in the same order, q and then k",
+    "float64": "q and k were drawn in float64: the same generator gives other numbers in another dtype; draw them "
+               "in float32, torch.randn's default",
+    "keys per query": "every query got keys of its own, (T, S, Dk): here all T queries attend over the same S keys, "
+                      "like the tokens of one sequence, drawn once per width as (S, Dk)",
+    "median": "this is the median of the queries' largest weights, not their mean: the two differ a lot here, "
+              "because the mean also counts the few queries that split their weight between keys",
+    "overall max": "this compares the single largest weight of all queries with the threshold: take each query's "
+                   "largest weight, then their mean over the T queries",
+    "at least": "a mean weight equal to the threshold passed: 'more than' is `>`, not `>=`",
+    "fixed threshold": "the threshold passed in was not used: compare with the argument `threshold`, whatever it is",
+    "naive softmax": "the softmax overflowed: exp of an unscaled score passes float32's limit (scores above about "
+                     "88) in wide heads, inf / inf = NaN, and NaN is never more than the threshold. torch.softmax "
+                     "subtracts each row's largest score before exp, which leaves the weights unchanged",
+    "last": "this is the last width that passes, not the first: stop at the first width whose mean passes",
+    "draw all": "your function went on drawing for the widths after the first that passes: stop there, so that the "
+                "generator is left as the exercise says",
+}
+
+
+def check_saturation_width(fn: Callable[..., Any], seed: int = 0, S: int = 16, T: int = 48) -> None:
+    """Check a learner's ``saturation_width(Dks, S, T, generator, threshold)`` (notebook 04, exercise 3).
+
+    A measurement: the width it returns is compared with the reference
+    measurement on a generator in the same state (the draws the exercise
+    prescribes), and so is the generator's state afterwards (the same numbers
+    drawn, none after the first width that passes). It returns a width, not a
+    tensor, so there is no gradient to check. Tried at the sizes asked for
+    (S ≠ T), with one query (T = 1), with one key (S = 1: weight 1, so the
+    first width passes), on widths that are not powers of two with another
+    threshold, on wide heads only (where exp of an unscaled score overflows),
+    with a threshold no mean weight exceeds (1) and with one that the first
+    width passes (0). A wrong answer is compared, on every case, with what the
+    usual mistakes return and the state they leave, and the mistake is named.
+
+    Raises:
+        CheckError: Naming the likely bug; never the expected width.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    uneven = [3, 10, 30, 100, 300, 1000]
+    cases = [
+        (f"(S, T) = ({S}, {T})", {"Dks": _WIDTHS, "S": S, "T": T, "threshold": 0.9}, ""),
+        ("T = 1 query", {"Dks": _WIDTHS, "S": S, "T": 1, "threshold": 0.9},
+         "with one query, the mean is that query's largest weight: check the axis you take the largest weight over, "
+         "the one you average over, and any `.squeeze()`"),
+        ("S = 1 key", {"Dks": _WIDTHS, "S": 1, "T": T, "threshold": 0.9},
+         "a single key gets all the weight, exactly 1, at every width, so the first width passes: is the softmax "
+         "over the keys, even when a `.squeeze()` could drop that axis?"),
+        (f"the widths {uneven}, threshold 0.5", {"Dks": uneven, "S": S + 3, "T": T, "threshold": 0.5},
+         "try the widths of Dks themselves, in the order given, against the threshold passed in"),
+        ("wide heads only, the widths [1500, 3000]", {"Dks": [1500, 3000], "S": S, "T": T, "threshold": 0.9},
+         "unscaled scores of wide heads reach hundreds: is every step safe from overflow in float32?"),
+        ("threshold 1 with S = 1", {"Dks": _WIDTHS[:4], "S": 1, "T": T, "threshold": 1.0},
+         "no mean weight is more than 1, not even a single key's weight of exactly 1: 'more than' is `>`, and when "
+         "no width passes the answer is None"),
+        ("threshold 0", {"Dks": _WIDTHS, "S": S, "T": T, "threshold": 0.0},
+         "every softmax puts more than 0 on its largest weight, so the first width passes"),
+    ]
+    with reference_guard(fn, saturation_width):
+        answers = [_saturation_width_answer(fn, seed, label, i, **sizes) for i, (label, sizes, _) in enumerate(cases)]
+    for i, ((label, sizes, likely), (got, state)) in enumerate(zip(cases, answers)):
+        reference = _used_generator(seed)
+        expected = saturation_width(list(sizes["Dks"]), sizes["S"], sizes["T"], reference, sizes["threshold"])
+        if got == expected and torch.equal(state, reference.get_state()):
+            continue
+        where = f"works for {cases[0][0]} but fails for {label}: " if i else ""
+        for mistake, message in _WIDTH_MISTAKES.items():  # a mistake that gives the same answers on every case
+            if all(_width_with(mistake, generator=_used_generator(seed), **case) == answer[0]
+                   and torch.equal(_used_generator(seed, mistake, **case), answer[1])
+                   for (_, case, _), answer in zip(cases, answers)):
+                raise CheckError(f"{where}saturation_width returned {got}, not the reference measurement's width: "
+                                 f"{message}" if got != expected else f"{where}the right width, but {message}")
+        Dks = sizes["Dks"]
+        if got is not None and expected is not None and Dks.index(got) == Dks.index(expected) - 1:
+            raise CheckError(f"{where}saturation_width returned {got}, off by one width: that is the last width that "
+                             "does not pass. Return the first width whose mean largest weight is more than the threshold")
+        if got == expected:
+            raise CheckError(f"{where}the right width, but not the right draws: the generator is left in another state "
+                             "than after the reference. For each width, in order, draw q of shape (T, Dk) and then k of "
+                             "shape (S, Dk), in float32, and nothing else")
+        raise CheckError(
+            f"{where}saturation_width returned {got}, not the reference measurement's width on a generator in the same "
+            "state, and it is none of the usual mistakes. Check, for each width of Dks in order: the draws (q of shape "
+            "(T, Dk), then k of shape (S, Dk), float32, from generator), the scores without a scale, the softmax over "
+            "the keys, each query's largest weight, their mean over the T queries, and 'more than' the threshold"
+            + (f"\n  likely cause: {likely}" if likely else ""))
+    passed("saturation_width")
+
+
+def _used_generator(seed: int, mistake: str | None = None, **case: Any) -> Any:
+    """A generator in a known state that has been used before, as in a notebook that measures one setting after
+    another; with ``mistake``, the state it is left in by ``_width_with(mistake, **case)``."""
+    generator = torch.Generator().manual_seed(seed)
+    torch.randn(5, generator=generator)
+    if mistake is None:
+        return generator
+    _width_with(mistake, generator=generator, **case)
+    return generator.get_state()
+
+
+def _width_with(mistake: str, Dks: list[int], S: int, T: int, generator: torch.Generator,
+                threshold: float) -> int | None:
+    """What ``saturation_width`` returns with one known mistake (a key of ``_WIDTH_MISTAKES``)."""
+    passing = []
+    threshold = 0.9 if mistake == "fixed threshold" else threshold
+    for Dk in Dks:
+        dtype = torch.float64 if mistake == "float64" else torch.float32
+        if mistake == "keys first":
+            k = torch.randn(S, Dk, generator=generator)  # (S, Dk)
+            q = torch.randn(T, Dk, generator=generator)  # (T, Dk)
+        else:
+            q = torch.randn(T, Dk, generator=generator, dtype=dtype)  # (T, Dk)
+            k = torch.randn(*((T,) if mistake == "keys per query" else ()), S, Dk, generator=generator, dtype=dtype)
+        scores = (q[:, None, :] * k).sum(dim=-1) if k.dim() == 3 else q @ k.T  # (T, S)
+        if mistake == "scaled":
+            scores = scores / Dk**0.5
+        if mistake == "naive softmax":
+            weights = scores.exp() / scores.exp().sum(dim=-1, keepdim=True)  # (T, S), NaN where exp overflows
+        else:
+            weights = torch.softmax(scores, dim=0 if mistake == "softmax over queries" else -1)  # (T, S)
+        largest = weights.amax(dim=-1)  # (T,)
+        stat = largest.median() if mistake == "median" else weights.max() if mistake == "overall max" else largest.mean()
+        if stat >= threshold if mistake == "at least" else stat > threshold:
+            if mistake not in ("last", "draw all"):
+                return Dk
+            passing.append(Dk)
+    if mistake == "draw all":
+        return passing[0] if passing else None
+    return passing[-1] if passing else None
+
+
+def _saturation_width_answer(fn: Callable[..., Any], seed: int, label: str, i: int, Dks: list[int], S: int, T: int,
+                             threshold: float) -> tuple[int | None, torch.Tensor]:
+    """The learner's width for one case and the generator's state after it; the checks that need no reference."""
+    __tracebackhide__ = True  # noqa: F841
+    where = f"for {label}: " if i else ""
+    generator = _used_generator(seed)
+    start = generator.get_state()
+    widths = list(Dks)
+    try:
+        got = call(fn, widths, S, T, generator, threshold, name="saturation_width",
+                   expected="a width from Dks (an int), or None if no width passes")
+    except CheckError as err:
+        raise CheckError(f"{where}{err}") from None
+    if widths != Dks:
+        raise CheckError("saturation_width changed the list Dks in place: read it, without sorting, extending or "
+                         "popping it")
+    if isinstance(got, bool) or not (got is None or isinstance(got, int)):
+        raise CheckError(f"saturation_width returned {describe(got)}: return the width itself, a Python int taken "
+                         "from Dks (not a tensor, and not the mean weight), or None if no width passes")
+    if got is not None and got not in Dks:
+        raise CheckError(f"{where}saturation_width returned {got}, which is not one of the widths in Dks"
+                         + (": did you return a position in Dks (an index) instead of the width there?"
+                            if 0 <= got < len(Dks) else ""))
+    if torch.equal(generator.get_state(), start):
+        raise CheckError("saturation_width drew no numbers from `generator`: pass generator=generator to every "
+                         "torch.randn, so that the measurement can be repeated and compared with the reference's "
+                         "on the same draws")
+    return got, generator.get_state()

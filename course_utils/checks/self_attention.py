@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from course_utils.blocks import attention, masks
-from course_utils.checks.core import call, check_close, describe, passed
+from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
+                                     shape_cases, sweep)
 from course_utils.core.errors import CheckError
 
 
@@ -59,35 +60,66 @@ def check_scaled_dot_product_attention(fn: Callable[..., Any], seed: int = 0, B:
                                        S: int = 5, Dk: int = 6, Dv: int = 7) -> None:
     """Check a learner's ``scaled_dot_product_attention(q, k, v, mask=None, scale=None) -> (out, weights)``.
 
-    Notebook 03, exercise 1. Inputs are (B, H, T, Dk), (B, H, S, Dk), (B, H, S, Dv)
-    with all sizes different, so a transposed product or a scale by the wrong
-    dimension cannot pass by accident. Four calls: no mask; a padding-and-causal
-    mask; a mask with a fully masked row (zeros expected, not NaN); an explicit
-    ``scale``.
+    Notebook 03, exercise 1. Inputs are (B, H, T, Dk), (B, H, S, Dk), (B, H, S, Dv),
+    three different tensors. Calls: no mask; a padding-and-causal mask; a mask
+    with a fully masked row (zeros expected, not NaN); an explicit ``scale``;
+    the other mask shapes the text allows ((B, 1, 1, S), (T, S), (B, H, T, S));
+    scores of about ±1e4; then a backward pass. All at the sizes asked for, at
+    B = 1, H = 1, T = 1, S = 1, at sizes that all differ (so a transposed
+    product or a scale by the wrong dimension cannot pass by accident), and
+    with 3-D (B, T, Dk) and 2-D (T, Dk) inputs.
 
     Raises:
         CheckError: Naming the likely bug.
     """
     __tracebackhide__ = True  # noqa: F841
+    dims = {"B": B, "H": H, "T": T, "S": S, "Dk": Dk, "Dv": Dv}
+    cases = shape_cases(dims, ones=("B", "H", "T", "S"), distinct={"B": 2, "H": 3, "T": 4, "S": 5, "Dk": 6, "Dv": 7})
+    leading = "the code assumes 4-D inputs: use the last two dims, `-1`/`-2`, whatever the number of leading dims"
+    cases += [(f"3-D inputs (B, T, Dk) = {(B, T, Dk)}, without a head axis", {**dims, "H": None}, leading),
+              (f"2-D inputs (T, Dk) = {(T, Dk)}, one sentence without a batch axis", {**dims, "B": None, "H": None},
+               leading)]
+    with reference_guard(fn, attention.scaled_dot_product_attention):
+        sweep(lambda B, H, T, S, Dk, Dv: _sdpa_once(fn, seed, tuple(n for n in (B, H) if n is not None), T, S, Dk, Dv),
+              cases)
+    passed("scaled_dot_product_attention")
+
+
+def _sdpa_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T: int, S: int, Dk: int, Dv: int) -> None:
+    """One size of the check: ``lead`` is (B, H), (B,) or () (the leading dims of q, k and v)."""
+    __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
-    q = 1.5 * torch.randn(B, H, T, Dk, generator=g)
-    k = 1.5 * torch.randn(B, H, S, Dk, generator=g)
-    v = torch.randn(B, H, S, Dv, generator=g)
-    dims = {"B": B, "H": H, "T": T, "S": S, "Dv": Dv}
+    letters = ("B", "H")[:len(lead)]
+    dims = {**dict(zip(letters, lead)), "T": T, "S": S, "Dk": Dk, "Dv": Dv}
+    q = 1.5 * torch.randn(*lead, T, Dk, generator=g)
+    k = 1.5 * torch.randn(*lead, S, Dk, generator=g)
+    v = torch.randn(*lead, S, Dv, generator=g)
+    B = lead[0] if lead else 1
     lengths = torch.full((B,), S)
     lengths[-1] = max(1, S - 2)
-    mask = masks.padding_mask(lengths, S)[:, None] & masks.causal_mask(T, S)  # (B, 1, 1, S) & (T, S) -> (B, 1, T, S)
+    padding = masks.padding_mask(lengths, S).reshape(*lead[:1], *[1] * len(lead[1:]), 1, S)  # (B, 1, 1, S), (B, 1, S) or (1, S)
+    mask = padding & masks.causal_mask(T, S)  # (B, 1, T, S) for 4-D inputs
     mask[..., 0] = True  # every query may attend to key 0
     empty = mask.clone()
-    empty[0, 0, 1] = False  # query 1 of sequence 0 may attend to nothing
+    blank = min(1, T - 1)  # this query of the first sequence may attend to nothing
+    empty[(0,) * (empty.dim() - 2) + (blank,)] = False
+    per_query = torch.rand(*lead, T, S, generator=g) < 0.6  # one pattern per head and query
+    per_query[..., 0] = True
     cases = [("without a mask", (q, k, v), None), ("with a mask", (q, k, v, mask), mask),
              ("with a query whose keys are all masked", (q, k, v, empty), empty)]
     expected_scale = 0.5
     cases.append((f"with scale={expected_scale}", (q, k, v, None, expected_scale), None))
+    for shape_letters, other in ((" ".join(letters[:1] + ("1",) * len(letters[1:]) + ("1", "S")), padding),
+                                 ("T S", masks.causal_mask(T, S)), (" ".join(letters + ("T", "S")), per_query)):
+        sizes = tuple(dims.get(n, 1) for n in shape_letters.split())
+        cases.append((f"with a ({', '.join(shape_letters.split())}) = {sizes} mask", (q, k, v, other), other))
+    shape = lambda *tail: " ".join(letters + tail)  # noqa: E731 - e.g. "B H T S"
+    out_shape, weights_shape = tuple(lead) + (T, Dv), tuple(lead) + (T, S)
     copies = (q.clone(), k.clone(), v.clone(), mask.clone())
     for label, args, case_mask in cases:
         got = call(fn, *args, name="scaled_dot_product_attention",
-                   expected=f"a tuple (out (B, H, T, Dv) = {(B, H, T, Dv)}, weights (B, H, T, S) = {(B, H, T, S)})",
+                   expected=f"a tuple (out ({shape('T', 'Dv').replace(' ', ', ')}) = {out_shape}, "
+                            f"weights ({shape('T', 'S').replace(' ', ', ')}) = {weights_shape})",
                    error_hint="q @ k.transpose(-2, -1) multiplies the last two dimensions; the mask must be bool "
                               "and broadcast to (..., T, S)")
         if not all(torch.equal(a, b) for a, b in zip((q, k, v, mask), copies)):
@@ -96,13 +128,13 @@ def check_scaled_dot_product_attention(fn: Callable[..., Any], seed: int = 0, B:
         if not isinstance(got, tuple) or len(got) != 2:
             raise CheckError(f"{label}: expected a tuple (out, weights), got {describe(got)}: return out, weights")
         out, weights = got
-        if (isinstance(out, torch.Tensor) and tuple(out.shape) == (B, H, T, S)
-                and isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, H, T, Dv)):
+        if (out_shape != weights_shape and isinstance(out, torch.Tensor) and tuple(out.shape) == weights_shape
+                and isinstance(weights, torch.Tensor) and tuple(weights.shape) == out_shape):
             raise CheckError(f"{label}: out and weights came back in the wrong order: return (out, weights)")
         scale = args[4] if len(args) > 4 else None
         expected_out, expected_weights = attention.scaled_dot_product_attention(q, k, v, case_mask, scale)
         if (label.startswith("with a query") and isinstance(weights, torch.Tensor)
-                and tuple(weights.shape) == (B, H, T, S) and torch.isnan(weights[0, :, 1]).any()):
+                and tuple(weights.shape) == weights_shape and torch.isnan(weights[(0,) * len(lead) + (blank,)]).any()):
             raise CheckError(
                 f"{label}: that query's weights are NaN (a softmax over only -inf is 0/0). Give a query with no "
                 "allowed key zero weights: e.g. the masked_softmax of notebook 00"
@@ -113,23 +145,40 @@ def check_scaled_dot_product_attention(fn: Callable[..., Any], seed: int = 0, B:
         else:
             suspects = _sdpa_suspects(q, k, v, case_mask)
         hints = {
-            (B, H, S, T): "the weights are (..., S, T): did you compute k @ q^T? Queries index the rows: "
-                          "q @ k.transpose(-2, -1)",
-            (B, H, T, Dk): "this has the width of q: did you multiply q by the weights instead of the values?",
-            (B, H, T): "one number per query: the weights keep one entry per key, (..., T, S)",
+            tuple(lead) + (S, T): "the weights are (..., S, T): did you compute k @ q^T? Queries index the rows: "
+                                  "q @ k.transpose(-2, -1)",
+            tuple(lead) + (T, Dk): "this has the width of q: did you multiply q by the weights instead of the values?",
+            tuple(lead) + (T,): "one number per query: the weights keep one entry per key, (..., T, S)",
         }
-        check_close(weights, expected_weights, name=f"weights ({label})", shape="B H T S", dims=dims, hints=hints,
-                    suspects={m: w for m, (_, w) in suspects.items()},
+        check_close(weights, expected_weights, name=f"weights ({label})", shape=shape("T", "S"), dims=dims,
+                    hints=hints, suspects={m: w for m, (_, w) in suspects.items()},
                     hint="weights = softmax over the keys of (q @ k^T) * scale, with -inf where the mask is False")
-        check_close(out, expected_out, name=f"out ({label})", shape="B H T Dv", dims=dims,
+        check_close(out, expected_out, name=f"out ({label})", shape=shape("T", "Dv"), dims=dims,
                     suspects={"out is the unweighted sum of the values: multiply by the weights": (
-                        v.sum(-2, keepdim=True).expand(B, H, T, Dv)),
+                        v.sum(-2, keepdim=True).expand(out_shape)),
                         "out averages the values uniformly: weight them by the attention weights": (
-                        v.mean(-2, keepdim=True).expand(B, H, T, Dv))},
-                    hints={(B, H, S, Dv): "out has one row per key: it needs one per query, weights @ v",
-                           (B, H, T, S): "that is the shape of the weights: out = weights @ v"},
+                        v.mean(-2, keepdim=True).expand(out_shape))},
+                    hints={tuple(lead) + (S, Dv): "out has one row per key: it needs one per query, weights @ v",
+                           weights_shape: "that is the shape of the weights: out = weights @ v"},
                     hint="out = weights @ v, one weighted average of the values per query")
-    passed("scaled_dot_product_attention")
+    # Large scores (about ±1e4 after the scale): exp overflows float32 above about 88 without the max subtraction.
+    big_q, big_k = 100 * q, 100 * k
+    got = call(fn, big_q, big_k, v, mask, name="scaled_dot_product_attention", expected="a tuple (out, weights)")
+    if not isinstance(got, tuple) or len(got) != 2:
+        raise CheckError(f"for large scores: expected a tuple (out, weights), got {describe(got)}")
+    expected_out, expected_weights = attention.scaled_dot_product_attention(big_q, big_k, v, mask)
+    if any(isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all() for t in got):
+        raise CheckError("out or the weights are NaN or inf for large scores (about ±1e4 after the scale): exp "
+                         "overflows float32 above about 88. Subtract each row's largest score before exp "
+                         "(torch.softmax does), which leaves the weights unchanged")
+    check_close(got[1], expected_weights, name="weights for large scores (about ±1e4)", shape=shape("T", "S"),
+                dims=dims, hint="the weights must depend only on the differences between the scores of a row")
+    check_close(got[0], expected_out, name="out for large scores (about ±1e4)", shape=shape("T", "Dv"), dims=dims,
+                hint="out = weights @ v")
+    check_gradients(fn, (q, k, v, empty), attention.scaled_dot_product_attention,
+                    name="scaled_dot_product_attention", wrt={0: "q", 1: "k", 2: "v"}, what="out and the weights",
+                    seed=seed, not_finite=" (at the query whose keys are all masked?): the backward pass goes "
+                                          "through that query too, and must give it a zero gradient")
 
 
 # The "spot the error" exercise of notebook 03: statements about a worked example
@@ -156,25 +205,17 @@ _STATEMENT_FEEDBACK: dict[int, str] = {
     8: "every weight of a softmax is positive, so every value contributes",
 }
 WORKED_EXAMPLE_WRONG = frozenset({1, 4, 5, 6})
-# The check names topics, never statements. Each topic holds one wrong and one right statement,
-# so a topic in the message does not tell which of its statements was misjudged, nor how.
-_TOPICS: dict[str, tuple[int, ...]] = {
-    "the shapes: write down the shapes of x_0, W_Q and q_0 and check that each product fits": (1, 2),
-    "the scores and their scale: which width does the dot product q_i · k_j add up over?": (3, 5),
-    "the weights: what must the weights of one query add up to, and which function makes them do so?": (4, 7),
-    "the outputs: whose values does z_i mix, and can a weight be exactly 0 without a mask?": (6, 8),
-}
 
 
 def check_spot_the_error(answer: Any) -> None:
     """Check the set of wrong statement numbers of notebook 03's "spot the error" exercise.
 
-    A wrong answer is told how many of the statements it misjudged and which
-    topics to look at again, never which statements are wrong: every topic has
-    one wrong and one right statement, so the message does not give the key away.
+    A wrong answer is told only how many of its numbers are not wrong statements,
+    and how many wrong statements it is missing: never which, nor a topic that
+    would narrow them down, so one try does not give the key away.
 
     Raises:
-        CheckError: Giving the number of misjudged statements and a hint per topic that has one.
+        CheckError: Giving the two counts.
     """
     __tracebackhide__ = True  # noqa: F841
     if answer is None:
@@ -188,11 +229,13 @@ def check_spot_the_error(answer: Any) -> None:
             raise CheckError(f"{item!r} is not a statement number: use the integers 1 to "
                              f"{len(WORKED_EXAMPLE_STATEMENTS)}")
         numbers.add(item)
-    misjudged = numbers ^ WORKED_EXAMPLE_WRONG  # flagged but right, or wrong but not flagged
-    if misjudged:
-        hints = [hint for hint, members in _TOPICS.items() if misjudged & set(members)]
-        raise CheckError(f"{len(misjudged)} of the {len(WORKED_EXAMPLE_STATEMENTS)} statements misjudged. "
-                         "Look again at\n  " + "\n  ".join(hints))
+    flagged_right = len(numbers - WORKED_EXAMPLE_WRONG)  # statements flagged as wrong that are right
+    missing = len(WORKED_EXAMPLE_WRONG - numbers)  # wrong statements not flagged
+    if flagged_right or missing:
+        raise CheckError(f"{flagged_right + missing} of the {len(WORKED_EXAMPLE_STATEMENTS)} statements misjudged: "
+                         f"{flagged_right} of the {len(numbers)} statements in your set "
+                         f"{'is' if flagged_right == 1 else 'are'} right, and your set misses {missing} of the wrong "
+                         "ones. Read each statement again against section 7's worked example")
     passed("spot the error")
 
 

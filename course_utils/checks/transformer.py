@@ -1,4 +1,4 @@
-"""Checkers for notebook 07: layer normalisation, telling pre-LN from post-LN."""
+"""Checkers for notebook 07: layer normalisation, telling pre-LN from post-LN, PyTorch's decoder layer from its weights."""
 
 from __future__ import annotations
 
@@ -7,29 +7,53 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from course_utils.blocks import transformer
-from course_utils.checks.core import call, check_close, describe, passed
+from course_utils.blocks import attention, masks, multihead, transformer
+from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
+                                     shape_cases, sweep)
 from course_utils.core.errors import CheckError
 
 
 def check_layer_norm(fn: Callable[..., Any], seed: int = 0, B: int = 2, T: int = 3, D: int = 6) -> None:
     """Check a learner's ``layer_norm(x, weight, bias, eps=1e-5) -> (B, T, D)`` (notebook 07, exercise 1).
 
-    One token has a tiny variance (1e-6), so where eps goes matters.
+    One token has a tiny variance (1e-6), so where eps goes matters. Then a
+    token with all features equal (variance 0), a token far from 0 (mean 1000,
+    spread 1: E[x²] - E[x]² loses every digit in float32) and a backward pass. At
+    the sizes asked for, at B = 1, T = 1 and sizes that all differ, and on
+    (T, D) and (B, H, T, D) inputs (the text allows any leading axes).
+    ``nn.LayerNorm`` and ``F.layer_norm`` are ruled out by the exercise text.
 
     Raises:
         CheckError: Naming the likely bug.
     """
     __tracebackhide__ = True  # noqa: F841
+    leading = "the code assumes 3-D x: the features are the last axis, whatever the number of leading axes"
+    cases = shape_cases({"B": B, "T": T, "D": D}, ones=("B", "T"), distinct={"B": 2, "T": 3, "D": 6})
+    cases += [(f"(T, D) = {(T, D)} x, without a batch axis", {"B": None, "T": T, "D": D}, leading),
+              (f"(B, H, T, D) = {(B, 2, T, D)} x, with one more leading axis", {"B": B, "T": T, "D": D, "H": 2},
+               leading)]
+    ruled_out = "the exercise rules out nn.LayerNorm and F.layer_norm: write it yourself from section 1's equation"
+    with reference_guard(fn, transformer.layer_norm, ruled_out={F.layer_norm: ruled_out, torch.layer_norm: ruled_out}):
+        sweep(lambda B, T, D, H=None: _layer_norm_once(fn, seed, tuple(n for n in (B, H) if n is not None), T, D),
+              cases)
+    passed("layer_norm")
+
+
+def _layer_norm_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T: int, D: int) -> None:
+    __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
-    x = 3.0 + 2.0 * torch.randn(B, T, D, generator=g)
-    x[0, 0] = 1e-3 * torch.randn(D, generator=g)  # a token with variance ~1e-6 (centred: no cancellation)
+    letters = ("B", "H")[:len(lead)]
+    shape, dims = " ".join(letters + ("T", "D")), {**dict(zip(letters, lead)), "T": T, "D": D}
+    x = 3.0 + 2.0 * torch.randn(*lead, T, D, generator=g)
+    x[(0,) * (len(lead) + 1)] = 1e-3 * torch.randn(D, generator=g)  # a token with variance ~1e-6 (centred: no cancellation)
     weight = 1.0 + 0.5 * torch.randn(D, generator=g)
     bias = 0.5 * torch.randn(D, generator=g)
     inputs = (x, weight, bias)
     copies = tuple(t.clone() for t in inputs)
-    got = call(fn, x, weight, bias, 1e-5, name="layer_norm", expected=f"a (B, T, D) = {(B, T, D)} tensor")
+    got = call(fn, x, weight, bias, 1e-5, name="layer_norm",
+               expected=f"a ({', '.join(shape.split())}) = {tuple(x.shape)} tensor")
     if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
         raise CheckError("layer_norm changed an input in place: use out-of-place operations")
     expected = transformer.layer_norm(x, weight, bias, 1e-5)
@@ -49,10 +73,32 @@ def check_layer_norm(fn: Callable[..., Any], seed: int = 0, B: int = 2, T: int =
         "the bias (beta) is missing: the tokens are scaled but not shifted": normalised * weight,
         "the bias (beta) is subtracted: the shift has the wrong sign": normalised * weight - bias,
     }
-    check_close(got, expected, name="the normalised tokens", shape="B T D", dims={"B": B, "T": T, "D": D},
+    check_close(got, expected, name="the normalised tokens", shape=shape, dims=dims,
                 suspects=suspects, hint="compare the mean, the variance, eps, the gain and the shift with section 1's "
                                         "equation, one at a time")
-    passed("layer_norm")
+    # Two boundary tokens: all features equal (variance 0: the output is the shift), and one far from 0.
+    edge = torch.randn(*lead, T, D, generator=g)
+    tokens = edge.view(-1, D)  # (number of tokens, D), a view of edge
+    tokens[0] = 2.5  # variance 0
+    far = tokens.shape[0] > 1
+    if far:
+        tokens[-1] = 1000.0 + torch.randn(D, generator=g)  # mean 1000, variance about 1
+    got = call(fn, edge, weight, bias, 1e-5, name="layer_norm",
+               expected=f"a ({', '.join(shape.split())}) = {tuple(x.shape)} tensor")
+    want = transformer.layer_norm(edge, weight, bias, 1e-5)
+    if far and isinstance(got, torch.Tensor) and got.shape == want.shape:
+        got_tokens, want_tokens = got.reshape(-1, D), want.reshape(-1, D)
+        if (not torch.allclose(got_tokens[-1], want_tokens[-1], atol=1e-4, rtol=1e-3)
+                and torch.allclose(got_tokens[:-1], want_tokens[:-1], atol=1e-4, rtol=1e-3)):
+            raise CheckError("the token far from 0 (its mean a thousand times its spread) is wrong: its variance lost "
+                             "its precision. E[x²] - E[x]² subtracts two nearly equal numbers of about a million, "
+                             "and float32 keeps only about 7 digits: subtract the mean before squaring")
+    check_close(got, want, name="the normalised tokens (one with all features equal, one far from 0)",
+                shape=shape, dims=dims, atol=1e-4, rtol=1e-3,
+                hint="a token whose features are all equal has variance 0: eps keeps the division finite, and the "
+                     "output is the shift")
+    check_gradients(fn, (x, weight, bias), transformer.layer_norm, name="layer_norm",
+                    wrt={0: "x", 1: "weight", 2: "bias"}, what="the normalised tokens", seed=seed, atol=1e-4, rtol=1e-3)
 
 
 def _black_box_blocks(D: int) -> list[tuple[str, bool, bool, Callable[[torch.Tensor], torch.Tensor]]]:
@@ -92,6 +138,13 @@ def check_is_pre_ln(fn: Callable[..., Any], seed: int = 0, D: int = 16) -> None:
         CheckError: Naming the blocks that were misjudged and, where it can, the likely bug.
     """
     __tracebackhide__ = True  # noqa: F841
+    with reference_guard(fn, transformer.is_pre_ln):
+        _is_pre_ln_blocks(fn, seed, D)
+    passed("is_pre_ln")
+
+
+def _is_pre_ln_blocks(fn: Callable[..., Any], seed: int, D: int) -> None:
+    __tracebackhide__ = True  # noqa: F841
     with torch.random.fork_rng(devices=[]):  # the learner's random state is left as it was
         torch.manual_seed(seed)
         cases = _black_box_blocks(D)
@@ -109,7 +162,6 @@ def check_is_pre_ln(fn: Callable[..., Any], seed: int = 0, D: int = 16) -> None:
         if got != pre_ln:
             wrong.append((description, pre_ln, learned))
     if not wrong:
-        passed("is_pre_ln")
         return
     if len(set(answers)) == 1:
         raise CheckError(f"is_pre_ln returned {answers[0]} for every block, pre-LN and post-LN alike: it has to "
@@ -125,3 +177,184 @@ def check_is_pre_ln(fn: Callable[..., Any], seed: int = 0, D: int = 16) -> None:
                          "tokens need not have mean 0 and variance 1, so a test of the output's statistics "
                          "cannot tell the placements apart")
     raise CheckError(f"is_pre_ln misjudged {said}")
+
+
+# --- exercise 3: PyTorch's decoder layer, computed from its weights -------------------------------------------
+
+_LAYERS = (("a post-LN layer", False, "relu"), ("a pre-LN layer", True, "relu"),
+           ("a post-LN layer with GELU", False, "gelu"), ("a pre-LN layer with GELU", True, "gelu"))
+_COPIES = ("copies PyTorch's weights into the course's modules for you, and reading them is the exercise: take the "
+           "blocks of in_proj_weight and in_proj_bias yourself")
+_ATTENTION = ("your function calls PyTorch's attention (layer.self_attn or layer.multihead_attn, an "
+              "nn.MultiheadAttention): the exercise asks you to compute the attention from their weights")
+
+
+def check_decoder_layer_forward(fn: Callable[..., Any], seed: int = 0, B: int = 2, T: int = 3, S: int = 5,
+                                D: int = 28, H: int = 4) -> None:
+    """Check a learner's ``decoder_layer_forward(layer, x, memory, memory_mask=None) -> (B, T, D)`` (notebook 07, exercise 3).
+
+    The answer is compared with PyTorch's ``nn.TransformerDecoderLayer`` itself,
+    in evaluation mode: post-LN and pre-LN, ReLU and GELU, every parameter
+    random (a new layer's biases are 0 and its LayerNorms' gains 1, which would
+    hide a missing bias or a swapped LayerNorm), without a mask and with a
+    padding mask in which one source has a single real position; then the
+    gradients with respect to ``x`` and ``memory``. At the sizes asked for
+    (T != S), at B = 1, H = 1, T = 1 and S = 1, and at sizes that all differ.
+    Calling the layer, its ``nn.MultiheadAttention`` modules or the course's
+    weight-copying helpers is rejected.
+
+    Raises:
+        CheckError: Naming the likely bug.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    ruled_out = {
+        torch.nn.TransformerDecoderLayer.forward: "your function calls the layer itself (`layer(...)` runs "
+                                                  "nn.TransformerDecoderLayer.forward): compute it from its weights",
+        torch.nn.MultiheadAttention.forward: _ATTENTION,
+        F.multi_head_attention_forward: _ATTENTION,
+        transformer.block_from_torch: f"your function calls block_from_torch, which {_COPIES}",
+        multihead.MultiHeadAttention.from_torch: f"your function calls MultiHeadAttention.from_torch, which {_COPIES}",
+    }
+    with reference_guard(fn, transformer.decoder_layer_forward, ruled_out=ruled_out):
+        sweep(lambda B, T, S, D, H: _decoder_layer_once(fn, seed, B, T, S, D, H),
+              shape_cases({"B": B, "T": T, "S": S, "D": D, "H": H}, ones=("B", "H", "T", "S"),
+                          distinct={"B": 2, "T": 3, "S": 5, "D": 28, "H": 4}))
+    passed("decoder_layer_forward")
+
+
+def _random_layer(seed: int, g: torch.Generator, D: int, H: int, norm_first: bool,
+                  activation: str) -> torch.nn.TransformerDecoderLayer:
+    with torch.random.fork_rng(devices=[]):  # the learner's random state is left as it was
+        torch.manual_seed(seed)
+        layer = torch.nn.TransformerDecoderLayer(D, H, 2 * D, dropout=0.0, batch_first=True, norm_first=norm_first,
+                                                 activation=activation).eval()
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name.startswith("norm") and name.endswith("weight"):
+                p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=g))  # a gain that is not 1
+            elif name.endswith("bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))  # PyTorch starts the attention biases at 0
+    return layer
+
+
+def _torch_decoder(layer: torch.nn.Module, x: torch.Tensor, memory: torch.Tensor,
+                   memory_mask: torch.Tensor | None) -> torch.Tensor:
+    """PyTorch's own layer, given the course's masks the way it reads them (True = ignore)."""
+    ignore = None if memory_mask is None else ~memory_mask[:, 0]  # (B, 1, S) -> (B, S)
+    return layer(x, memory, tgt_mask=~masks.causal_mask(x.shape[1]), memory_key_padding_mask=ignore)
+
+
+def _decoder_variant(layer: Any, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None, *,
+                     causal: str = "yes", pad: str = "yes", norm_memory: bool = False, blocks: tuple[int, ...] = (0, 1, 2),
+                     transposed: bool = False, bias: bool = True, pre_ln: bool | None = None, width_scale: bool = False,
+                     cross_reads_target: bool = False, out_proj: bool = True, relu: bool = False) -> torch.Tensor:
+    """The layer's output with one deliberate mistake (the keyword that is not at its default)."""
+    pre_ln = layer.norm_first if pre_ln is None else pre_ln
+    T = x.shape[1]
+    self_mask = {"yes": masks.causal_mask(T), "no": None, "flipped": ~masks.causal_mask(T)}[causal]
+    cross_mask = None if memory_mask is None or pad == "no" else memory_mask[:, None]  # (B, 1, 1, S)
+    if cross_mask is not None and pad == "flipped":
+        cross_mask = ~cross_mask
+
+    def attend(module: torch.nn.MultiheadAttention, query: torch.Tensor, source: torch.Tensor,
+               mask: torch.Tensor | None) -> torch.Tensor:
+        weights, biases = module.in_proj_weight.chunk(3), module.in_proj_bias.chunk(3)
+        q, k, v = (multihead.split_heads(F.linear(t, weights[blocks[i]].T if transposed else weights[blocks[i]],
+                                                  biases[blocks[i]] if bias else None), module.num_heads)
+                   for i, t in enumerate((query, source, source)))  # (B, H, length, Dh) each
+        scale = module.embed_dim ** -0.5 if width_scale else None
+        context, _ = attention.scaled_dot_product_attention(q, k, v, mask, scale)  # guarded: a fully masked row is 0
+        merged = multihead.merge_heads(context)  # (B, T, D)
+        return module.out_proj(merged) if out_proj else merged
+
+    def cross(h: torch.Tensor) -> torch.Tensor:
+        if cross_reads_target:
+            return attend(layer.multihead_attn, h, h, None)  # the target again, without the source's mask
+        return attend(layer.multihead_attn, h, layer.norm2(memory) if norm_memory and pre_ln else memory, cross_mask)
+
+    activation = F.relu if relu else layer.activation
+    h = transformer.residual(x, lambda h: attend(layer.self_attn, h, h, self_mask), layer.norm1, pre_ln)
+    h = transformer.residual(h, cross, layer.norm2, pre_ln)
+    return transformer.residual(h, lambda h: layer.linear2(activation(layer.linear1(h))), layer.norm3, pre_ln)
+
+
+def _decoder_suspects(layer: Any, x: torch.Tensor, memory: torch.Tensor,
+                      memory_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """{the mistake, in words: what a layer computed with it returns}."""
+    kind = "pre-LN" if layer.norm_first else "post-LN"
+    mistakes = {
+        "the self-attention lets position i read the target positions after i: a decoder's self-attention is causal "
+        "(section 6)": dict(causal="no"),
+        "the causal mask is flipped: in this course True means 'may attend', so position i may read positions 0 to "
+        "i; PyTorch's layer is the one that needs ~mask": dict(causal="flipped"),
+        "the cross-attention also reads the padded source positions: apply memory_mask (True = may attend)":
+            dict(pad="no"),
+        "memory_mask is flipped: it is already in the course's convention (True = may attend); ~mask is what "
+        "PyTorch's own layer needs, not your function": dict(pad="flipped"),
+        "the memory was normalised too: in a pre-LN layer norm2 normalises the decoder's stream, which gives the "
+        "queries; the keys and values come from the memory as it is": dict(norm_memory=True),
+        "the queries and the keys were projected with each other's block of in_proj_weight and in_proj_bias":
+            dict(blocks=(1, 0, 2)),
+        "the keys and the values were projected with each other's block of in_proj_weight and in_proj_bias":
+            dict(blocks=(0, 2, 1)),
+        "the queries and the values were projected with each other's block of in_proj_weight and in_proj_bias":
+            dict(blocks=(2, 1, 0)),
+        "each projection applied its block W of in_proj_weight as h W, but PyTorch stores a weight as (out, in) and "
+        "applies it as h W^T + b, as nn.Linear does": dict(transposed=True),
+        "in_proj_bias is missing: each projection adds its own block of in_proj_bias": dict(bias=False),
+        f"the normalisation is in the wrong place: this layer has norm_first={layer.norm_first}, so it is {kind} "
+        "(section 3)": dict(pre_ln=not layer.norm_first),
+        "the scores were scaled by 1/sqrt(D), D the model width; each head scales by 1/sqrt(Dh), Dh = D / H "
+        "(notebook 05)": dict(width_scale=True),
+        "the second attention attends to the target again: its keys and values come from memory (cross-attention)":
+            dict(cross_reads_target=True),
+        "the attention's output projection (out_proj) is missing": dict(out_proj=False),
+        "this layer's activation is GELU, not ReLU: the layer keeps its own in layer.activation": dict(relu=True),
+    }
+    with torch.no_grad():
+        return {mistake: _decoder_variant(layer, x, memory, memory_mask, **change)
+                for mistake, change in mistakes.items()}
+
+
+def _decoder_layer_once(fn: Callable[..., Any], seed: int, B: int, T: int, S: int, D: int, H: int) -> None:
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, D, generator=g)
+    memory = 0.5 + 1.5 * torch.randn(B, S, D, generator=g)  # another scale than x: the memory is not the target
+    lengths = torch.randint(1, S + 1, (B,), generator=g)
+    lengths[0] = S if B > 1 else max(1, S - 1)
+    lengths[-1] = 1 if B > 1 else lengths[-1]  # a source with a single real position
+    pad = masks.padding_mask(lengths, S)  # (B, 1, S), True = may attend
+    dims = {"B": B, "T": T, "D": D}
+    expected_shape = f"a (B, T, D) = {(B, T, D)} tensor"
+    for description, norm_first, activation in _LAYERS:
+        layer = _random_layer(seed, g, D, H, norm_first, activation)
+        state = {name: t.clone() for name, t in layer.state_dict().items()}
+        for mask_label, mask in (("without a mask", None), (f"with a (B, 1, S) = {(B, 1, S)} padding mask", pad)):
+            inputs = (x, memory) if mask is None else (x, memory, mask)
+            copies = tuple(t.clone() for t in inputs)
+            with torch.no_grad():
+                got = call(fn, layer, x, memory, mask, name="decoder_layer_forward", expected=expected_shape,
+                           error_hint="layer is PyTorch's nn.TransformerDecoderLayer: its weights are attributes such "
+                                      "as layer.self_attn.in_proj_weight (layer.named_parameters() lists them all); "
+                                      "memory has its own length S, which need not be T")
+                expected = _torch_decoder(layer, x, memory, mask)
+            if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
+                raise CheckError("decoder_layer_forward changed x, memory or memory_mask in place: use operations that "
+                                 "return new tensors")
+            if any(not torch.equal(t, state[name]) for name, t in layer.state_dict().items()):
+                raise CheckError("decoder_layer_forward changed the layer's weights: read them, never write to them")
+            name = f"the output of {description} {mask_label}"
+            if (isinstance(got, torch.Tensor) and tuple(got.shape) == (B, T, D) and got.is_floating_point()
+                    and not torch.isfinite(got).all()):
+                raise CheckError(f"{name} contains NaN or inf: a softmax over a row whose keys are all masked. In this "
+                                 "course a mask's True means 'may attend' (section 6), the opposite of PyTorch's "
+                                 "convention: did you flip the causal mask or memory_mask?")
+            close = (isinstance(got, torch.Tensor) and tuple(got.shape) == (B, T, D) and got.dtype == expected.dtype
+                     and torch.allclose(got, expected, atol=1e-4, rtol=1e-4))
+            check_close(got, expected, name=name, shape="B T D", dims=dims, atol=1e-4, rtol=1e-4,
+                        suspects=None if close else _decoder_suspects(layer, x, memory, mask),
+                        hint="compare your layer with section 6's decoder block one sublayer at a time, and check "
+                             "which rows of in_proj_weight you use for the queries, the keys and the values")
+        check_gradients(fn, (layer, x, memory, pad), _torch_decoder, name="decoder_layer_forward",
+                        wrt={1: "x", 2: "memory"}, what=f"the outputs of {description}", seed=seed, atol=1e-4, rtol=1e-3)
