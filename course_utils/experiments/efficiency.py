@@ -6,6 +6,8 @@
 * The (T, S) weight matrix is the memory wall. Tiled attention with an
   online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022)
   computes the same output one block of keys at a time, never storing it.
+  With a causal mask, ``causal_tiled_attention`` skips the tiles above the
+  diagonal (FlashAttention-2, Dao 2023).
 """
 
 from __future__ import annotations
@@ -171,6 +173,56 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_siz
         scores = (q @ k_block.transpose(-2, -1)) * scale  # (..., T, Bk)
         m, l, acc = online_softmax_update(m, l, acc, scores, v_block)
     return acc / l  # (..., T, Dv)
+
+
+def causal_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           block_size: int) -> tuple[torch.Tensor, int]:
+    """Causal self-attention in square tiles, skipping the tiles above the diagonal (notebook 08, exercise 2).
+
+    The T positions are cut into blocks of ``block_size`` (the last one may be
+    shorter). Query block i folds in key blocks 0, ..., i with
+    ``online_softmax_update``: the blocks before the diagonal whole, the
+    diagonal tile with the causal mask inside it (key j is seen by query i only
+    if j <= i). The tiles above the diagonal, where every key comes after
+    every query, are never computed: n (n + 1) / 2 tiles for n blocks instead
+    of n^2 (FlashAttention-2, Dao 2023). Equal to
+    ``F.scaled_dot_product_attention(q, k, v, is_causal=True)`` up to rounding,
+    with no (T, T) tensor, not even the mask.
+
+    Args:
+        q: (..., T, Dk) queries; k: (..., T, Dk) keys; v: (..., T, Dv) values
+            of the same T positions, float.
+        block_size: Positions per block, C >= 1 (any C; C >= T is one tile).
+
+    Returns:
+        ``(out, tiles)``: out (..., T, Dv), and the number of (query block,
+        key block) tiles computed.
+
+    Raises:
+        InputError: If ``block_size`` < 1.
+    """
+    if block_size < 1:
+        raise InputError(f"block_size must be >= 1, got {block_size}")
+    T = q.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    outs, tiles = [], 0
+    for start in range(0, T, block_size):
+        q_block = q[..., start:start + block_size, :]  # (..., Cq, Dk); the last block may be shorter
+        rows = torch.arange(start, start + q_block.shape[-2])  # (Cq,) positions of these queries
+        m = torch.full((*q_block.shape[:-1], 1), float("-inf"), dtype=q.dtype)  # (..., Cq, 1)
+        l = torch.zeros((*q_block.shape[:-1], 1), dtype=q.dtype)  # (..., Cq, 1)
+        acc = torch.zeros((*q_block.shape[:-1], v.shape[-1]), dtype=q.dtype)  # (..., Cq, Dv)
+        for k_start in range(0, start + 1, block_size):  # key blocks at or below the diagonal only
+            k_block = k[..., k_start:k_start + block_size, :]  # (..., Ck, Dk)
+            v_block = v[..., k_start:k_start + block_size, :]  # (..., Ck, Dv)
+            scores = (q_block @ k_block.transpose(-2, -1)) * scale  # (..., Cq, Dk) @ (..., Dk, Ck) -> (..., Cq, Ck)
+            if k_start == start:  # the diagonal tile: key j is seen by query i only if j <= i
+                cols = torch.arange(k_start, k_start + k_block.shape[-2])  # (Ck,) positions of these keys
+                scores = scores.masked_fill(cols[None, :] > rows[:, None], float("-inf"))  # (Cq, Ck) mask
+            m, l, acc = online_softmax_update(m, l, acc, scores, v_block)
+            tiles += 1
+        outs.append(acc / l)  # (..., Cq, Dv)
+    return torch.cat(outs, dim=-2), tiles  # (..., T, Dv)
 
 
 _MEMORY_SCRIPT = r"""
