@@ -21,6 +21,7 @@ value widths, ``A`` attention size, ``V`` vocabulary size. (The comments of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -334,6 +335,34 @@ class AttentionDecoder(nn.Module):
             all_weights.append(weights)
         logits = self.out(torch.stack(outs, dim=1))  # T x (B, R+Dk+embed_size) -> (B, T, R+Dk+embed_size) -> (B, T, V)
         return logits, torch.stack(all_weights, dim=1)  # T x (B, S) -> (B, T, S)
+
+
+def luong_step(emb: torch.Tensor, state: torch.Tensor, enc_states: torch.Tensor, projected_keys: torch.Tensor,
+               mask: torch.Tensor, cell: nn.GRUCell, score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+               W_c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decoder step in the order of Luong et al. (2015, §3, eq. 5), "global attention" (notebook 02, exercise 4).
+
+    The GRU updates first, reading the embedding only (no input feeding, §3.3), and the new state ``s_i``
+    is the query. The attentional state ``s~_i`` combines the context with ``s_i`` and feeds an output
+    layer. :meth:`AttentionDecoder.step` (Bahdanau et al.) queries with ``s_{i-1}`` instead.
+
+    Args:
+        emb, state: ``emb(y_{i-1})`` ``(B, embed_size)`` and ``s_{i-1}`` ``(B, R)``, float.
+        enc_states, projected_keys: The values ``h_j`` ``(B, S, Dk)`` and the keys, ``scorer.precompute(...)``.
+        mask: ``(B, S)`` bool, True on real source tokens.
+        cell, score: ``nn.GRUCell(embed_size, R)``, and ``score(query, projected_keys) -> (B, S)``, e.g. the
+            ``score`` method of a module of :mod:`course_utils.blocks.scorers`.
+        W_c: ``(R, Dk + R)`` float, the weight of the attentional layer (no bias).
+
+    Returns:
+        ``s_i`` ``(B, R)``, ``c_i`` ``(B, Dk)``, ``s~_i = tanh(W_c [c_i; s_i])`` ``(B, R)`` and ``w_i`` ``(B, S)``.
+    """
+    state = cell(emb, state)  # (B, embed_size), s_{i-1} (B, R) -> s_i (B, R)
+    scores = score(state, projected_keys)  # query s_i (B, R), keys (B, S, A) -> (B, S)
+    context, weights = attend(scores, enc_states, mask)  # (B, Dk), (B, S)
+    both = torch.cat([context, state], dim=-1)  # (B, Dk) ++ (B, R) -> (B, Dk + R)
+    attentional = torch.tanh(both @ W_c.T)  # (B, Dk + R) @ (Dk + R, R) -> (B, R)
+    return state, context, attentional, weights
 
 
 # --------------------------------------------------------------------------

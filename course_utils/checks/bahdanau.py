@@ -1,4 +1,4 @@
-"""Checkers for notebook 02: additive and bilinear scores, the context vector, the attention decoder step, Luong's step."""
+"""Checkers for notebook 02: additive and bilinear scores, the context vector, the decoder steps of Bahdanau and Luong."""
 
 from __future__ import annotations
 
@@ -300,7 +300,7 @@ _LUONG_OUTPUTS = "a tuple (state s_i (B, R), context c_i (B, Dk), attentional s~
 
 def check_luong_step(fn: Callable[..., Any], seed: int = 0, B: int = 3, S: int = 5, R: int = 6, Dk: int = 8,
                      score: scorers.ScoreKind = "additive") -> None:
-    """Check a learner's ``luong_step(emb, state, enc_states, projected_keys, mask, cell, scorer, W_c)`` (notebook 02, exercise 4).
+    """Check a learner's ``luong_step(emb, state, enc_states, projected_keys, mask, cell, score, W_c)`` (02, exercise 4).
 
     Luong et al.'s (2015, §3) order: ``s_i = GRU(emb, s_{i-1})``, weights from ``score(s_i, h_j)``
     over the real positions, ``c_i = sum_j w_ij h_j``, ``s~_i = tanh(W_c [c_i; s_i])``; the step
@@ -317,7 +317,7 @@ def check_luong_step(fn: Callable[..., Any], seed: int = 0, B: int = 3, S: int =
         S: Source length.
         R: Width of the decoder state (the query).
         Dk: Width of the encoder states (the values).
-        score: The score module handed in: ``"additive"``, ``"concat"``, ``"bilinear"`` or ``"dot"``
+        score: Whose ``score`` method is handed in: ``"additive"``, ``"concat"``, ``"bilinear"`` or ``"dot"``
             (which needs ``R == Dk``).
 
     Raises:
@@ -355,15 +355,15 @@ def _luong_step_once(fn: Callable[..., Any], seed: int, B: int, S: int, R: int, 
     key_states = torch.randn(B, S, Dk, generator=g) * mask[:, :, None]  # other states, so that keys != values
     with torch.no_grad():
         projected_keys = scorer.precompute(key_states).clone()  # (B, S, A) for the additive score, else (B, S, Dk)
-    inputs = (emb, state, enc_states, projected_keys, mask, cell, scorer, W_c)
+    inputs = (emb, state, enc_states, projected_keys, mask, cell, scorer.score, W_c)
     tensors = (emb, state, enc_states, projected_keys, mask, W_c)
     copies = tuple(t.clone() for t in tensors)
     parameters = [p.detach().clone() for p in (*cell.parameters(), *scorer.parameters())]
     with torch.no_grad():
         got = call(fn, *inputs, name="luong_step", expected=_LUONG_OUTPUTS,
                    error_hint="check the widths. The cell reads emb(y_{i-1}) alone (width embed_size), with no "
-                              "context (that would be input feeding); the scorer's `score` takes the query (B, R) "
-                              "and projected_keys; attend averages enc_states (B, S, Dk), the values; and W_c is "
+                              "context (that would be input feeding); `score` takes the query (B, R) and "
+                              "projected_keys; attend averages enc_states (B, S, Dk), the values; and W_c is "
                               "(R, Dk + R), as the weight of an nn.Linear from Dk + R features to R")
         if not all(torch.equal(a, b) for a, b in zip(tensors, copies)):
             raise CheckError("luong_step changed an input in place, so use out-of-place operations")
@@ -396,10 +396,11 @@ def _luong_step_once(fn: Callable[..., Any], seed: int, B: int, S: int, R: int, 
             "to None, which means no padding)": scorers.attend(scorer.score(want_state, projected_keys),
                                                                enc_states, None)[1],
         }
-        recomputed = scorer(want_state, enc_states)  # the scorer's forward: keys computed from enc_states, (B, S)
-        weight_suspects["the scores were computed from enc_states, not from the keys handed in, projected_keys. "
-                        "The keys are computed once per sequence, before the first step; a step scores its query "
-                        "against them"] = scorers.attend(recomputed, enc_states, mask)[1]
+        if score != "additive":  # these scores also accept the (B, S, Dk) encoder states as keys
+            weight_suspects["the scores were computed from enc_states, not from the keys handed in, projected_keys. "
+                            "The keys are computed once per sequence, before the first step; a step scores its "
+                            "query against them"] = scorers.attend(scorer.score(want_state, enc_states), enc_states,
+                                                                   mask)[1]
         check_close(weights, want_weights, name="weights", shape="B S", dims={"B": B, "S": S},
                     suspects=weight_suspects,
                     hint="w_i = masked softmax over j of score(s_i, k_j), with the keys k_j in projected_keys")
