@@ -187,6 +187,64 @@ def softmax_saturation(Dks: Sequence[int], S: int = 16, num_queries: int = 256, 
                       split_grad_share=stats["split_share"], S=S)
 
 
+def saturation_width(Dks: list[int], S: int, T: int, generator: torch.Generator,
+                     threshold: float = 0.9) -> int | None:
+    """The first key width at which an unscaled softmax puts more than ``threshold`` on one key, on average.
+
+    Notebook 04, exercise 3. For each width Dk in ``Dks``, in the order given:
+    draw T queries, then S keys (independent N(0, 1) components, float32, from
+    ``generator``, in that order); all T queries attend over the same S keys,
+    like the tokens of one sequence. Softmax of the unscaled scores q · k_j,
+    the largest weight of each query, its mean over the T queries. Stop at the
+    first width where that mean is more than ``threshold``; the widths after
+    it draw nothing.
+
+    Args:
+        Dks: Key widths to try, in order.
+        S: Number of keys.
+        T: Number of queries.
+        generator: Source of every random number.
+        threshold: The mean largest weight to exceed, in [0, 1].
+
+    Returns:
+        The first width in ``Dks`` whose mean largest weight is more than
+        ``threshold``, or None if none is.
+    """
+    for Dk in Dks:
+        q = torch.randn(T, Dk, generator=generator)  # (T, Dk): T queries
+        k = torch.randn(S, Dk, generator=generator)  # (S, Dk): the keys every query attends over
+        weights = torch.softmax(q @ k.T, dim=-1)  # (T, Dk) @ (Dk, S) -> (T, S), unscaled scores
+        if weights.amax(dim=-1).mean() > threshold:  # (T, S) -> (T,) -> the mean largest weight
+            return Dk
+    return None
+
+
+def top_two_gap_density(S: int) -> float:
+    """Density at 0 of the gap between the largest and the second largest of S independent N(0, 1) numbers.
+
+    The two largest lie within dx of x with the other S - 2 below x:
+    ``f_S = S (S - 1) ∫ φ(x)² Φ(x)^(S-2) dx`` (φ, Φ: the standard normal density
+    and distribution function), integrated numerically in float64. f_2 = 1/sqrt(π),
+    and f_S grows slowly with S: about 1.0 at S = 4, 1.8 at 16, 3.2 at 1024
+    (it approaches sqrt(2 ln S) from below, slowly).
+
+    A query whose scores spread like sqrt(Dk) splits its weight between its
+    two best keys when their gap is below about 1, which happens with
+    probability about f_S / sqrt(Dk). To leading order
+    ``1 - E[largest weight] = ln(2) f_S / sqrt(Dk)`` (notebook 04, exercise 3).
+
+    Args:
+        S: Number of keys, at least 2.
+
+    Returns:
+        f_S.
+    """
+    x = torch.linspace(-12.0, 12.0, 200_001, dtype=torch.float64)  # the integrand is negligible beyond |x| = 12
+    density = torch.exp(-x**2 / 2) / math.sqrt(2 * math.pi)  # φ(x)
+    below = 0.5 * (1 + torch.erf(x / math.sqrt(2)))  # Φ(x)
+    return S * (S - 1) * torch.trapezoid(density**2 * below ** (S - 2), x).item()
+
+
 # ---------------------------------------------------------------------------
 # Training with and without the scale: associative recall
 # ---------------------------------------------------------------------------

@@ -1,0 +1,78 @@
+"""Notebook 04's measurement of saturation against the number of keys: the reference and its theory."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from course_utils.experiments import scaling
+
+WIDTHS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+
+def _mean_largest_weights(Dks, S, T, generator):
+    """Every width's mean largest weight, on the draws the exercise prescribes (float64 arithmetic, einsum)."""
+    means = []
+    for Dk in Dks:
+        q = torch.randn(T, Dk, generator=generator).double()
+        k = torch.randn(S, Dk, generator=generator).double()
+        means.append(torch.einsum("td,sd->ts", q, k).softmax(dim=1).max(dim=1).values.mean().item())
+    return means
+
+
+@pytest.mark.parametrize(("seed", "S", "T", "threshold"), [(0, 16, 40, 0.9), (1, 3, 1, 0.8), (2, 40, 9, 0.95)])
+def test_saturation_width_is_the_first_width_whose_mean_largest_weight_passes(seed, S, T, threshold):
+    width = scaling.saturation_width(WIDTHS, S, T, torch.Generator().manual_seed(seed), threshold)
+    means = _mean_largest_weights(WIDTHS, S, T, torch.Generator().manual_seed(seed))
+    first = next(Dk for Dk, mean in zip(WIDTHS, means) if mean > threshold)
+    assert width == first
+    assert all(mean < threshold - 1e-4 for mean in means[:WIDTHS.index(first)]), "no width near the threshold"
+
+
+def test_saturation_width_draws_only_up_to_the_width_it_returns():
+    generator = torch.Generator().manual_seed(3)
+    width = scaling.saturation_width(WIDTHS, 16, 32, generator)
+    replay = torch.Generator().manual_seed(3)
+    for Dk in WIDTHS[:WIDTHS.index(width) + 1]:
+        torch.randn(32, Dk, generator=replay)
+        torch.randn(16, Dk, generator=replay)
+    assert torch.equal(generator.get_state(), replay.get_state())
+
+
+def test_saturation_width_at_the_boundaries():
+    assert scaling.saturation_width(WIDTHS, 1, 8, torch.Generator().manual_seed(0)) == 1  # one key: weight 1
+    assert scaling.saturation_width(WIDTHS, 1, 8, torch.Generator().manual_seed(0), threshold=1.0) is None
+    assert scaling.saturation_width(WIDTHS, 16, 8, torch.Generator().manual_seed(0), threshold=0.0) == 1
+    assert scaling.saturation_width([], 16, 8, torch.Generator().manual_seed(0)) is None
+    # float32 softmax of unscaled scores in wide heads: no overflow, and the mean passes
+    assert scaling.saturation_width([3000], 16, 8, torch.Generator().manual_seed(0)) == 3000
+
+
+def test_top_two_gap_density_is_exact_for_two_and_grows_slowly():
+    assert scaling.top_two_gap_density(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-9)  # |N(0, 2)| at 0
+    sizes = [4, 16, 64, 1024, 2**16, 2**20]
+    relative = [scaling.top_two_gap_density(S) / math.sqrt(2 * math.log(S)) for S in sizes]
+    assert relative == sorted(relative) and relative[-1] < 1  # approaches sqrt(2 ln S) from below
+    assert 1.7 < scaling.top_two_gap_density(16) < 1.8 and 3.2 < scaling.top_two_gap_density(1024) < 3.3
+
+
+def test_top_two_gap_density_matches_sampled_gaps():
+    g = torch.Generator().manual_seed(0)
+    top = torch.randn(400_000, 16, generator=g, dtype=torch.float64).topk(2, dim=-1).values
+    gaps = top[:, 0] - top[:, 1]
+    sampled = (gaps < 0.05).double().mean().item() / 0.05  # density near 0 (it falls slowly: a 1% bias)
+    assert sampled == pytest.approx(scaling.top_two_gap_density(16), rel=0.04)
+
+
+@pytest.mark.parametrize(("S", "Dk"), [(2, 1024), (16, 1024), (256, 256)])
+def test_the_leading_order_theory_of_the_mean_largest_weight(S, Dk):
+    """1 - E[largest weight] = ln 2 · f_S / sqrt(Dk) for unscaled scores, to leading order (notebook 04)."""
+    g = torch.Generator().manual_seed(S)
+    left = 0.0
+    for _ in range(32):  # 32 sets of keys, 512 queries over each
+        q = torch.randn(512, Dk, generator=g, dtype=torch.float64)
+        k = torch.randn(S, Dk, generator=g, dtype=torch.float64)
+        left += (1 - torch.softmax(q @ k.T, dim=-1).amax(dim=-1).mean().item()) / 32
+    assert left == pytest.approx(math.log(2) * scaling.top_two_gap_density(S) / math.sqrt(Dk), rel=0.1)
