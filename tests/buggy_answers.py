@@ -55,9 +55,9 @@ BUGGY = {
         ),
         # Bahdanau's order: the weights come from s_{i-1}, before the GRU update
         "luong_step": (
-            "def luong_step(emb, state, enc_states, projected_keys, mask, cell, scorer, W_c):\n"
+            "def luong_step(emb, state, enc_states, projected_keys, mask, cell, score, W_c):\n"
             "    from course_utils.blocks.scorers import attend\n"
-            "    context, weights = attend(scorer.score(state, projected_keys), enc_states, mask)\n"
+            "    context, weights = attend(score(state, projected_keys), enc_states, mask)\n"
             "    state = cell(emb, state)\n"
             "    return state, context, torch.tanh(torch.cat([context, state], dim=-1) @ W_c.T), weights\n"
         ),
@@ -156,19 +156,24 @@ BUGGY = {
         ),
         # the self-attention without the causal mask: each position also reads the target positions after it
         "decoder_layer_forward": (
-            "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
+            "def decoder_layer_forward(state, x, memory, memory_mask, num_heads, norm_first, activation='relu'):\n"
             "    cross_mask = None if memory_mask is None else memory_mask[:, None]\n"
-            "    def attend(attention, query, source, mask):\n"
-            "        w_q, w_k, w_v = attention.in_proj_weight.chunk(3)\n"
-            "        b_q, b_k, b_v = attention.in_proj_bias.chunk(3)\n"
+            "    def linear(name):\n"
+            "        return lambda h: nn.functional.linear(h, state[name + '.weight'], state[name + '.bias'])\n"
+            "    def norm(name):\n"
+            "        return lambda h: layer_norm(h, state[name + '.weight'], state[name + '.bias'])\n"
+            "    def attend(name, query, source, mask):\n"
+            "        w_q, w_k, w_v = state[name + '.in_proj_weight'].chunk(3)\n"
+            "        b_q, b_k, b_v = state[name + '.in_proj_bias'].chunk(3)\n"
             "        out, _ = multi_head_attention(query, source, source, lambda h: nn.functional.linear(h, w_q, b_q),\n"
             "                                      lambda h: nn.functional.linear(h, w_k, b_k),\n"
             "                                      lambda h: nn.functional.linear(h, w_v, b_v),\n"
-            "                                      attention.out_proj, attention.num_heads, mask)\n"
+            "                                      linear(name + '.out_proj'), num_heads, mask)\n"
             "        return out\n"
-            "    x = residual(x, lambda h: attend(layer.self_attn, h, h, None), layer.norm1, layer.norm_first)\n"
-            "    x = residual(x, lambda h: attend(layer.multihead_attn, h, memory, cross_mask), layer.norm2, layer.norm_first)\n"
-            "    return residual(x, lambda h: layer.linear2(layer.activation(layer.linear1(h))), layer.norm3, layer.norm_first)\n"
+            "    act = nn.functional.gelu if activation == 'gelu' else nn.functional.relu\n"
+            "    x = residual(x, lambda h: attend('self_attn', h, h, None), norm('norm1'), norm_first)\n"
+            "    x = residual(x, lambda h: attend('multihead_attn', h, memory, cross_mask), norm('norm2'), norm_first)\n"
+            "    return residual(x, lambda h: linear('linear2')(act(linear('linear1')(h))), norm('norm3'), norm_first)\n"
         ),
     },
     "08_attention_at_scale": {
@@ -239,32 +244,37 @@ _MHA = ("def multi_head_attention(query, key, value, q_proj, k_proj, v_proj, out
         "    q, k, v = (split_heads(p(t), num_heads) for p, t in ((q_proj, query), (k_proj, key), (v_proj, value)))\n"
         "    context, weights = scaled_dot_product_attention(q, k, v, mask)\n"
         "    return out_proj(merge_heads(context)), weights\n")
-_LUONG = ("def luong_step(emb, state, enc_states, projected_keys, mask, cell, scorer, W_c):\n"
+_LUONG = ("def luong_step(emb, state, enc_states, projected_keys, mask, cell, score, W_c):\n"
           "    from course_utils.blocks.scorers import attend\n"
           "    state = cell(emb, state)\n"
-          "    scores = scorer.score(state, projected_keys)\n"
+          "    scores = score(state, projected_keys)\n"
           "    context, weights = attend(scores, enc_states, mask)\n"
           "    both = torch.cat([context, state], dim=-1)\n"
           "    attentional = torch.tanh(both @ W_c.T)\n"
           "    return state, context, attentional, weights\n")
 _DECODER_LAYER = (
-    "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
+    "def decoder_layer_forward(state, x, memory, memory_mask, num_heads, norm_first, activation='relu'):\n"
     "    from course_utils.blocks.masks import causal_mask\n"
     "    from course_utils.blocks.multihead import multi_head_attention\n"
-    "    from course_utils.blocks.transformer import residual\n"
+    "    from course_utils.blocks.transformer import layer_norm, residual\n"
     "    causal = causal_mask(x.shape[1])\n"
     "    cross_mask = None if memory_mask is None else memory_mask[:, None]\n"
-    "    def attend(attention, query, source, mask):\n"
-    "        w_q, w_k, w_v = attention.in_proj_weight.chunk(3)\n"
-    "        b_q, b_k, b_v = attention.in_proj_bias.chunk(3)\n"
+    "    def linear(name):\n"
+    "        return lambda h: F.linear(h, state[name + '.weight'], state[name + '.bias'])\n"
+    "    def norm(name):\n"
+    "        return lambda h: layer_norm(h, state[name + '.weight'], state[name + '.bias'])\n"
+    "    def attend(name, query, source, mask):\n"
+    "        w_q, w_k, w_v = state[name + '.in_proj_weight'].chunk(3)\n"
+    "        b_q, b_k, b_v = state[name + '.in_proj_bias'].chunk(3)\n"
     "        out, _ = multi_head_attention(query, source, source, lambda h: F.linear(h, w_q, b_q),\n"
     "                                      lambda h: F.linear(h, w_k, b_k), lambda h: F.linear(h, w_v, b_v),\n"
-    "                                      attention.out_proj, attention.num_heads, mask)\n"
+    "                                      linear(name + '.out_proj'), num_heads, mask)\n"
     "        return out\n"
-    "    x = residual(x, lambda h: attend(layer.self_attn, h, h, causal), layer.norm1, layer.norm_first)\n"
-    "    x = residual(x, lambda h: attend(layer.multihead_attn, h, memory, cross_mask), layer.norm2, layer.norm_first)\n"
-    "    return residual(x, lambda h: layer.linear2(layer.activation(layer.linear1(h))), layer.norm3, layer.norm_first)\n")
-_LAST_LINE = "    return residual(x, lambda h: layer.linear2(layer.activation(layer.linear1(h))), layer.norm3, layer.norm_first)"
+    "    act = F.gelu if activation == 'gelu' else F.relu\n"
+    "    x = residual(x, lambda h: attend('self_attn', h, h, causal), norm('norm1'), norm_first)\n"
+    "    x = residual(x, lambda h: attend('multihead_attn', h, memory, cross_mask), norm('norm2'), norm_first)\n"
+    "    return residual(x, lambda h: linear('linear2')(act(linear('linear1')(h))), norm('norm3'), norm_first)\n")
+_LAST_LINE = "    return residual(x, lambda h: linear('linear2')(act(linear('linear1')(h))), norm('norm3'), norm_first)"
 _CAUSAL = ("def causal_tiled_attention(q, k, v, block_size):\n"
            "    from course_utils.experiments.efficiency import online_softmax_update\n"
            "    T, outs, tiles = q.shape[-2], [], 0\n"
@@ -396,10 +406,10 @@ NEW_KINDS = {
         ("the two parts of [c_i; s_i] swapped", _LUONG.replace("[context, state]", "[state, context]"), "swapped"),
         ("tanh missing", _LUONG.replace("torch.tanh(both @ W_c.T)", "both @ W_c.T"), "tanh is missing"),
         ("the mask not passed", _LUONG.replace("enc_states, mask)", "enc_states)"), "mask was not passed"),
-        ("scored against the values (the scorer's forward recomputes the keys from enc_states)",
-         _LUONG.replace("scorer.score(state, projected_keys)", "scorer(state, enc_states)"), "computed from enc_states"),
+        ("scored against the values", _LUONG.replace("score(state, projected_keys)", "score(state, enc_states)"),
+         "projected_keys"),
         ("the attentional layer reads s_{i-1}", _LUONG.replace("    state = cell(emb, state)\n", "    new = cell(emb, state)\n")
-         .replace("scorer.score(state,", "scorer.score(new,").replace("return state, context", "return new, context"),
+         .replace("score(state,", "score(new,").replace("return state, context", "return new, context"),
          "s_{i-1}, the state before the update"),
         ("the attentional state returned as the state", _LUONG.replace("return state, context", "return attentional, context"),
          "as the new state"),
@@ -560,53 +570,80 @@ NEW_KINDS = {
     ],
     "decoder_layer_forward": [
         ("the memory normalised by norm2 in a pre-LN layer", _DECODER_LAYER.replace(
-            "h, memory, cross_mask)", "h, layer.norm2(memory) if layer.norm_first else memory, cross_mask)"),
+            "h, memory, cross_mask)", "h, norm('norm2')(memory) if norm_first else memory, cross_mask)"),
          "normalised too"),
-        ("memory_mask flipped to PyTorch's convention, masked with -inf", "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
-         "    D, H = x.shape[-1], layer.self_attn.num_heads\n"
-         "    def attend(module, query, source, mask):\n"
-         "        q, k, v = (F.linear(t, w, b) for t, w, b in zip((query, source, source), module.in_proj_weight.chunk(3),\n"
-         "                                                         module.in_proj_bias.chunk(3)))\n"
+        ("memory_mask flipped to PyTorch's convention, masked with -inf",
+         "def decoder_layer_forward(state, x, memory, memory_mask, num_heads, norm_first, activation='relu'):\n"
+         "    D, H = x.shape[-1], num_heads\n"
+         "    def attend(name, query, source, mask):\n"
+         "        q, k, v = (F.linear(t, w, b) for t, w, b in zip((query, source, source),\n"
+         "                   state[name + '.in_proj_weight'].chunk(3), state[name + '.in_proj_bias'].chunk(3)))\n"
          "        q, k, v = (t.view(t.shape[0], t.shape[1], H, D // H).transpose(1, 2) for t in (q, k, v))\n"
          "        scores = q @ k.transpose(-2, -1) / math.sqrt(D // H)\n"
          "        if mask is not None:\n"
          "            scores = scores.masked_fill(~mask, float('-inf'))\n"
          "        out = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(query.shape)\n"
-         "        return module.out_proj(out)\n"
+         "        return F.linear(out, state[name + '.out_proj.weight'], state[name + '.out_proj.bias'])\n"
+         "    norm = lambda name, h: F.layer_norm(h, (D,), state[name + '.weight'], state[name + '.bias'])\n"
+         "    act = F.gelu if activation == 'gelu' else F.relu\n"
+         "    ffn = lambda h: F.linear(act(F.linear(h, state['linear1.weight'], state['linear1.bias'])),\n"
+         "                             state['linear2.weight'], state['linear2.bias'])\n"
          "    causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()\n"
          "    flipped = None if memory_mask is None else ~memory_mask[:, None]\n"
-         "    ffn = lambda h: layer.linear2(layer.activation(layer.linear1(h)))\n"
-         "    if layer.norm_first:\n"
-         "        x = x + attend(layer.self_attn, layer.norm1(x), layer.norm1(x), causal)\n"
-         "        x = x + attend(layer.multihead_attn, layer.norm2(x), memory, flipped)\n"
-         "        return x + ffn(layer.norm3(x))\n"
-         "    x = layer.norm1(x + attend(layer.self_attn, x, x, causal))\n"
-         "    x = layer.norm2(x + attend(layer.multihead_attn, x, memory, flipped))\n"
-         "    return layer.norm3(x + ffn(x))\n", "NaN"),
-        ("detached output", _DECODER_LAYER.replace(_LAST_LINE, _LAST_LINE.replace("layer.norm_first)", "layer.norm_first).detach()")),
-         "cut off from autograd"),
+         "    if norm_first:\n"
+         "        x = x + attend('self_attn', norm('norm1', x), norm('norm1', x), causal)\n"
+         "        x = x + attend('multihead_attn', norm('norm2', x), memory, flipped)\n"
+         "        return x + ffn(norm('norm3', x))\n"
+         "    x = norm('norm1', x + attend('self_attn', x, x, causal))\n"
+         "    x = norm('norm2', x + attend('multihead_attn', x, memory, flipped))\n"
+         "    return norm('norm3', x + ffn(x))\n", "NaN"),
+        ("detached output", _DECODER_LAYER.replace(_LAST_LINE, _LAST_LINE + ".detach()"), "cut off from autograd"),
+        ("detached weights", _DECODER_LAYER.replace("    causal = causal_mask(x.shape[1])\n",
+                                                    "    causal = causal_mask(x.shape[1])\n"
+                                                    "    state = {name: t.detach() for name, t in state.items()}\n"),
+         "self_attn.in_proj_weight"),
         ("a squeeze that breaks at B = 1", _DECODER_LAYER.replace(_LAST_LINE, _LAST_LINE + ".squeeze()"), "B = 1"),
-        ("calls the layer itself", "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
+        ("runs PyTorch's layer", "def decoder_layer_forward(state, x, memory, memory_mask, num_heads, norm_first, activation='relu'):\n"
+         "    D = x.shape[-1]\n"
+         "    layer = torch.nn.TransformerDecoderLayer(D, num_heads, state['linear1.weight'].shape[0], dropout=0.0,\n"
+         "                                             batch_first=True, norm_first=norm_first, activation=activation)\n"
          "    causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()\n"
          "    ignore = None if memory_mask is None else ~memory_mask[:, 0]\n"
-         "    return layer(x, memory, tgt_mask=~causal, memory_key_padding_mask=ignore)\n", "the layer itself"),
-        ("calls PyTorch's attention modules", _DECODER_LAYER.replace(
-            "    def attend(attention, query, source, mask):\n",
-            "    def attend(attention, query, source, mask):\n"
-            "        if attention is layer.self_attn:\n"
-            "            return attention(query, source, source, attn_mask=~mask)[0]\n"), "nn.MultiheadAttention"),
-        ("copies the weights with MultiHeadAttention.from_torch", "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
+         "    return torch.func.functional_call(layer.eval(), state, (x, memory),\n"
+         "                                      {'tgt_mask': ~causal, 'memory_key_padding_mask': ignore})\n",
+         "runs PyTorch's layer"),
+        ("calls PyTorch's attention", _DECODER_LAYER.replace(
+            "    def attend(name, query, source, mask):\n",
+            "    def attend(name, query, source, mask):\n"
+            "        if name == 'self_attn':\n"
+            "            q = query.transpose(0, 1)\n"
+            "            out = F.multi_head_attention_forward(q, q, q, q.shape[-1], num_heads, state[name + '.in_proj_weight'],\n"
+            "                state[name + '.in_proj_bias'], None, None, False, 0.0, state[name + '.out_proj.weight'],\n"
+            "                state[name + '.out_proj.bias'], training=False, need_weights=False, attn_mask=~mask)[0]\n"
+            "            return out.transpose(0, 1)\n"), "calls PyTorch's attention"),
+        # from_torch copies under torch.no_grad(): the gradient check stops it before the reference guard would
+        ("copies the weights with MultiHeadAttention.from_torch (no gradient reaches them)",
+         "def decoder_layer_forward(state, x, memory, memory_mask, num_heads, norm_first, activation='relu'):\n"
          "    from course_utils.blocks.masks import causal_mask\n"
          "    from course_utils.blocks.multihead import MultiHeadAttention\n"
-         "    from course_utils.blocks.transformer import residual\n"
-         "    sa, ca = MultiHeadAttention.from_torch(layer.self_attn), MultiHeadAttention.from_torch(layer.multihead_attn)\n"
-         "    x = residual(x, lambda h: sa(h, mask=causal_mask(x.shape[1])), layer.norm1, layer.norm_first)\n"
-         "    x = residual(x, lambda h: ca(h, memory, mask=memory_mask), layer.norm2, layer.norm_first)\n"
-         "    return residual(x, lambda h: layer.linear2(layer.activation(layer.linear1(h))), layer.norm3, layer.norm_first)\n",
-         "from_torch"),
-        ("calls the reference", "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
+         "    from course_utils.blocks.transformer import layer_norm, residual\n"
+         "    def attention(name):\n"
+         "        theirs = torch.nn.MultiheadAttention(x.shape[-1], num_heads, batch_first=True)\n"
+         "        theirs.load_state_dict({k[len(name) + 1:]: v for k, v in state.items() if k.startswith(name + '.')})\n"
+         "        return MultiHeadAttention.from_torch(theirs)\n"
+         "    sa, ca = attention('self_attn'), attention('multihead_attn')\n"
+         "    norm = lambda name: (lambda h: layer_norm(h, state[name + '.weight'], state[name + '.bias']))\n"
+         "    act = F.gelu if activation == 'gelu' else F.relu\n"
+         "    ffn = lambda h: F.linear(act(F.linear(h, state['linear1.weight'], state['linear1.bias'])),\n"
+         "                             state['linear2.weight'], state['linear2.bias'])\n"
+         "    x = residual(x, lambda h: sa(h, mask=causal_mask(x.shape[1])), norm('norm1'), norm_first)\n"
+         "    x = residual(x, lambda h: ca(h, memory, mask=memory_mask), norm('norm2'), norm_first)\n"
+         "    return residual(x, ffn, norm('norm3'), norm_first)\n", "multihead_attn.out_proj.bias is zero"),
+        ("calls the reference",
+         "def decoder_layer_forward(state, x, memory, memory_mask, num_heads, norm_first, activation='relu'):\n"
          "    from course_utils.blocks.transformer import decoder_layer_forward as reference\n"
-         "    return reference(layer, x, memory, memory_mask)\n", "calls the course's reference"),
+         "    return reference(state, x, memory, memory_mask, num_heads, norm_first, activation)\n",
+         "calls the course's reference"),
     ],
     "online_softmax_update": [
         ("unstable (exp before the maximum is subtracted)", "def online_softmax_update(m, l, acc, scores, v):\n"

@@ -784,10 +784,11 @@ from course_utils.checks import check_luong_step  # noqa: E402
 def _luong_variant(**change):
     """seq2seq.luong_step with one deliberate change; no change gives the reference's values."""
 
-    def step(emb, state, enc_states, projected_keys, mask, cell, scorer, W_c):
+    def step(emb, state, enc_states, projected_keys, mask, cell, score, W_c):
         new = cell(emb, state)  # s_i
         query = state if change.get("query") == "old" else new
-        context, weights = scorers.attend(scorer.score(query, projected_keys), enc_states, mask)
+        keys = enc_states if change.get("keys") == "values" else projected_keys
+        context, weights = scorers.attend(score(query, keys), enc_states, mask)
         attentional = torch.tanh(torch.cat([context, new], dim=-1) @ W_c.T)
         if change.get("order") == "attentional second":
             return new, attentional, context, weights
@@ -811,6 +812,11 @@ def test_check_luong_step_names_bahdanaus_order(score):
     with pytest.raises(CheckError, match="Bahdanau's order") as err:
         check_luong_step(_luong_variant(query="old"), score=score)
     assert_no_answer_in(str(err.value), solution=("02_bahdanau_attention", "luong_step"))
+
+
+def test_check_luong_step_names_scores_against_the_values_when_the_widths_allow_it():
+    with pytest.raises(CheckError, match="computed from enc_states, not from the keys handed in"):
+        check_luong_step(_luong_variant(keys="values"), score="bilinear")
 
 
 def test_check_luong_step_names_outputs_in_the_wrong_order():
@@ -895,7 +901,7 @@ def test_check_causal_tiled_attention_measures_the_work_not_only_the_values():
     assert sys.getprofile() is None
 
 
-# --- notebook 07, exercise 3: PyTorch's decoder layer, computed from its weights ------------------------------
+# --- notebook 07, exercise 3: PyTorch's decoder layer, computed from its saved weights --------------------------
 
 from buggy_answers import _DECODER_LAYER, _LAST_LINE  # noqa: E402
 from course_utils.checks import check_decoder_layer_forward  # noqa: E402
@@ -910,58 +916,67 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def _own_attention_decoder(layer, x, memory, memory_mask=None):
-    """Another right answer: the heads and the attention written out, PyTorch's sdpa, no part of the course."""
-    D, H = x.shape[-1], layer.self_attn.num_heads
+def _own_attention_decoder(state, x, memory, memory_mask, num_heads, norm_first, activation="relu"):
+    """Another right answer: the heads, the attention and the LayerNorms written out with PyTorch's functions."""
+    D, H = x.shape[-1], num_heads
 
-    def attend(module, query, source, mask):
-        w, b = module.in_proj_weight, module.in_proj_bias
+    def attend(name, query, source, mask):
+        w, b = state[f"{name}.in_proj_weight"], state[f"{name}.in_proj_bias"]
         q, k, v = (F.linear(t, w[i * D:(i + 1) * D], b[i * D:(i + 1) * D]) for i, t in enumerate((query, source, source)))
         q, k, v = (t.view(t.shape[0], t.shape[1], H, D // H).transpose(1, 2) for t in (q, k, v))  # (B, H, len, Dh)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, Dh)
-        return module.out_proj(out.transpose(1, 2).reshape(query.shape))
+        return F.linear(out.transpose(1, 2).reshape(query.shape), state[f"{name}.out_proj.weight"],
+                        state[f"{name}.out_proj.bias"])
+
+    def norm(name, h):
+        return F.layer_norm(h, (D,), state[f"{name}.weight"], state[f"{name}.bias"])
+
+    def ffn(h):
+        hidden = F.linear(h, state["linear1.weight"], state["linear1.bias"])
+        return F.linear(F.gelu(hidden) if activation == "gelu" else F.relu(hidden), state["linear2.weight"],
+                        state["linear2.bias"])
 
     causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
     pad = None if memory_mask is None else memory_mask[:, None]
-    ffn = lambda h: layer.linear2(layer.activation(layer.linear1(h)))  # noqa: E731
-    if layer.norm_first:
-        x = x + attend(layer.self_attn, layer.norm1(x), layer.norm1(x), causal)
-        x = x + attend(layer.multihead_attn, layer.norm2(x), memory, pad)
-        return x + ffn(layer.norm3(x))
-    x = layer.norm1(x + attend(layer.self_attn, x, x, causal))
-    x = layer.norm2(x + attend(layer.multihead_attn, x, memory, pad))
-    return layer.norm3(x + ffn(x))
+    if norm_first:
+        x = x + attend("self_attn", norm("norm1", x), norm("norm1", x), causal)
+        x = x + attend("multihead_attn", norm("norm2", x), memory, pad)
+        return x + ffn(norm("norm3", x))
+    x = norm("norm1", x + attend("self_attn", x, x, causal))
+    x = norm("norm2", x + attend("multihead_attn", x, memory, pad))
+    return norm("norm3", x + ffn(x))
 
 
-def _copied_into_our_block(layer, x, memory, memory_mask=None):
-    """Another right answer: section 6's decoder block, with PyTorch's weights copied in by hand."""
-    D = layer.self_attn.embed_dim
-    ours = transformer.TransformerDecoderBlock(D, layer.self_attn.num_heads, layer.linear1.out_features,
-                                               norm_first=layer.norm_first,
-                                               activation="gelu" if layer.activation is F.gelu else "relu")
-    with torch.no_grad():
-        for mine, theirs in ((ours.self_attn, layer.self_attn), (ours.cross_attn, layer.multihead_attn)):
-            for i, proj in enumerate((mine.q_proj, mine.k_proj, mine.v_proj)):
-                proj.weight.copy_(theirs.in_proj_weight[i * D:(i + 1) * D])
-                proj.bias.copy_(theirs.in_proj_bias[i * D:(i + 1) * D])
-            mine.out_proj.load_state_dict(theirs.out_proj.state_dict())
-        ours.feed_forward.linear1.load_state_dict(layer.linear1.state_dict())
-        ours.feed_forward.linear2.load_state_dict(layer.linear2.state_dict())
-        for name in ("norm1", "norm2", "norm3"):
-            getattr(ours, name).load_state_dict(getattr(layer, name).state_dict())
-    return ours(x, memory, memory_mask)
+def _loaded_into_our_block(state, x, memory, memory_mask, num_heads, norm_first, activation="relu"):
+    """Another right answer: section 6's decoder block, with the saved weights renamed and loaded by hand."""
+    D = x.shape[-1]
+    ours = transformer.TransformerDecoderBlock(D, num_heads, state["linear1.weight"].shape[0], norm_first=norm_first,
+                                               activation=activation)
+    renamed = {}
+    for theirs, mine in (("self_attn", "self_attn"), ("multihead_attn", "cross_attn")):
+        for i, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+            renamed[f"{mine}.{proj}.weight"] = state[f"{theirs}.in_proj_weight"][i * D:(i + 1) * D]
+            renamed[f"{mine}.{proj}.bias"] = state[f"{theirs}.in_proj_bias"][i * D:(i + 1) * D]
+        for part in ("weight", "bias"):
+            renamed[f"{mine}.out_proj.{part}"] = state[f"{theirs}.out_proj.{part}"]
+    for name, value in state.items():
+        if name.startswith(("linear1.", "linear2.")):
+            renamed[f"feed_forward.{name}"] = value
+        elif name.startswith("norm"):
+            renamed[name] = value
+    return torch.func.functional_call(ours, renamed, (x, memory, memory_mask))  # gradients reach the saved weights
 
 
-@pytest.mark.parametrize("answer", ["notebook", "own attention", "copied into our block"])
+@pytest.mark.parametrize("answer", ["notebook", "own attention", "loaded into our block"])
 def test_check_decoder_layer_forward_accepts_right_answers_and_keeps_the_random_state(answer, one_thread, capsys):
     fn = {"notebook": notebook_solution("07_transformer_block", "decoder_layer_forward"),
-          "own attention": _own_attention_decoder, "copied into our block": _copied_into_our_block}[answer]
+          "own attention": _own_attention_decoder, "loaded into our block": _loaded_into_our_block}[answer]
     torch.manual_seed(123)
     before = torch.random.get_rng_state()
     check_decoder_layer_forward(fn)
     check_decoder_layer_forward(fn, seed=1, B=3, T=6, S=2, D=12, H=3)
     check_decoder_layer_forward(fn, seed=2, B=1, T=5, S=7, D=8, H=1)
-    if answer != "copied into our block":  # that answer builds new modules, which draws random numbers itself
+    if answer != "loaded into our block":  # that answer builds new modules, which draws random numbers itself
         assert torch.equal(torch.random.get_rng_state(), before), "the checker changed the learner's random state"
     assert capsys.readouterr().out.count("all checks passed") == 3
 
@@ -988,34 +1003,26 @@ DECODER_LAYER_BUGS = [
     ("weights not transposed", _projections(_DECODER_LAYER, "h @ w_q + b_q", "h @ w_k + b_k", "h @ w_v + b_v"), "(out, in)"),
     ("no in_proj_bias", _projections(_DECODER_LAYER, "F.linear(h, w_q)", "F.linear(h, w_k)", "F.linear(h, w_v)"),
      "in_proj_bias is missing"),
-    ("always post-LN", _DECODER_LAYER.replace("layer.norm_first)", "False)"), "so it is pre-LN"),
-    ("always pre-LN", _DECODER_LAYER.replace("layer.norm_first)", "True)"), "so it is post-LN"),
+    ("always post-LN", _DECODER_LAYER.replace(", norm_first)", ", False)"), "so it is pre-LN"),
+    ("always pre-LN", _DECODER_LAYER.replace(", norm_first)", ", True)"), "so it is post-LN"),
     ("cross-attention over the target", _DECODER_LAYER.replace("h, memory, cross_mask)", "h, h, None)"), "target again"),
-    ("no output projection", _DECODER_LAYER.replace("attention.out_proj,", "lambda h: h,"), "out_proj) is missing"),
-    ("ReLU for every layer", _DECODER_LAYER.replace("layer.activation(", "torch.relu("), "activation is GELU"),
-    ("scores scaled by the model width", "def decoder_layer_forward(layer, x, memory, memory_mask=None):\n"
-     "    D, H = x.shape[-1], layer.self_attn.num_heads\n"
-     "    def attend(module, query, source, mask):\n"
-     "        q, k, v = (F.linear(t, w, b) for t, w, b in zip((query, source, source), module.in_proj_weight.chunk(3),\n"
-     "                                                         module.in_proj_bias.chunk(3)))\n"
-     "        q, k, v = (t.view(t.shape[0], t.shape[1], H, D // H).transpose(1, 2) for t in (q, k, v))\n"
-     "        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=D ** -0.5)\n"
-     "        return module.out_proj(out.transpose(1, 2).reshape(query.shape))\n"
-     "    causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()\n"
-     "    pad = None if memory_mask is None else memory_mask[:, None]\n"
-     "    if layer.norm_first:\n"
-     "        x = x + attend(layer.self_attn, layer.norm1(x), layer.norm1(x), causal)\n"
-     "        x = x + attend(layer.multihead_attn, layer.norm2(x), memory, pad)\n"
-     "        return x + layer.linear2(layer.activation(layer.linear1(layer.norm3(x))))\n"
-     "    x = layer.norm1(x + attend(layer.self_attn, x, x, causal))\n"
-     "    x = layer.norm2(x + attend(layer.multihead_attn, x, memory, pad))\n"
-     "    return layer.norm3(x + layer.linear2(layer.activation(layer.linear1(x))))\n", "1/sqrt(D), D the model width"),
+    ("no output projection", _DECODER_LAYER.replace("linear(name + '.out_proj'),", "lambda h: h,"), "out_proj) is missing"),
+    ("ReLU for every layer", _DECODER_LAYER.replace("act(linear", "F.relu(linear"), "activation is GELU"),
+    ("scores scaled by the model width", _DECODER_LAYER.replace(
+        "    def attend(name, query, source, mask):\n",
+        "    def multi_head_attention(query, key, value, q_proj, k_proj, v_proj, out_proj, H, mask):\n"
+        "        from course_utils.blocks.attention import scaled_dot_product_attention\n"
+        "        from course_utils.blocks.multihead import merge_heads, split_heads\n"
+        "        q, k, v = (split_heads(p(t), H) for p, t in ((q_proj, query), (k_proj, key), (v_proj, value)))\n"
+        "        context, weights = scaled_dot_product_attention(q, k, v, mask, scale=query.shape[-1] ** -0.5)\n"
+        "        return out_proj(merge_heads(context)), weights\n"
+        "    def attend(name, query, source, mask):\n"), "1/sqrt(D), D the model width"),
     ("x changed in place", _DECODER_LAYER.replace("    causal = causal_mask(x.shape[1])\n",
-                                                  "    causal = causal_mask(x.shape[1])\n    x += 0.0 * x\n    x.mul_(1.0)\n"
-                                                  "    x.add_(1.0).sub_(1.0)\n"), "in place"),
-    ("the layer's weights changed", _DECODER_LAYER.replace("    causal = causal_mask(x.shape[1])\n",
-                                                           "    causal = causal_mask(x.shape[1])\n"
-                                                           "    layer.self_attn.in_proj_bias.data.mul_(0.5)\n"), "changed the layer's weights"),
+                                                  "    causal = causal_mask(x.shape[1])\n    x.add_(1.0).sub_(1.0)\n"
+                                                  "    x.mul_(2.0)\n    x = x / 2.0\n"), "in place"),
+    ("the weights changed", _DECODER_LAYER.replace("    causal = causal_mask(x.shape[1])\n",
+                                                   "    causal = causal_mask(x.shape[1])\n"
+                                                   "    state['norm1.bias'].data.mul_(0.5)\n"), "changed the weights in state"),
     ("the memory's length taken from x", _DECODER_LAYER.replace(
         "cross_mask = None if memory_mask is None else memory_mask[:, None]",
         "cross_mask = None if memory_mask is None else memory_mask[:, None, :, :x.shape[1]]"), "memory has its own length S"),
@@ -1032,6 +1039,22 @@ def test_check_decoder_layer_forward_names_the_bug(kind, source, fragment, one_t
     assert fragment in message, message
     assert_no_answer_in(message, solution=("07_transformer_block", "decoder_layer_forward"))
     assert sys.getprofile() is None
+
+
+@pytest.mark.parametrize(("stray", "fragment"), [
+    ("from course_utils.blocks.transformer import TransformerDecoderBlock, block_from_torch\n"
+     "    block_from_torch(torch.nn.TransformerDecoderLayer(8, 2, 16, batch_first=True), TransformerDecoderBlock)\n",
+     "block_from_torch"),
+    ("from course_utils.blocks.multihead import MultiHeadAttention\n"
+     "    MultiHeadAttention.from_torch(torch.nn.MultiheadAttention(8, 2, batch_first=True))\n", "MultiHeadAttention.from_torch"),
+])
+def test_check_decoder_layer_forward_rejects_the_weight_copying_helpers(stray, fragment, one_thread):
+    """Their copies cut the gradient, so a right answer that calls them at all is what reaches the guard."""
+    source = _DECODER_LAYER.replace("    causal = causal_mask(x.shape[1])\n", f"    {stray}    causal = causal_mask(x.shape[1])\n")
+    namespace = {"torch": torch, "math": math, "F": F}
+    exec(source, namespace)  # noqa: S102 - test fixture code
+    with pytest.raises(CheckError, match=f"your function calls {fragment}"):
+        check_decoder_layer_forward(namespace["decoder_layer_forward"])
 
 
 def test_the_buggy_answers_differ_from_the_right_one_only_where_they_say(one_thread):

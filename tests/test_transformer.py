@@ -291,7 +291,7 @@ def test_train_reversal_stack_is_deterministic_and_reports_every_step():
 @pytest.mark.parametrize(("norm_first", "activation"), SETTINGS)
 @pytest.mark.parametrize(("B", "T", "S", "H"), [(2, 4, 7, 4), (1, 1, 1, 1), (3, 6, 2, 2)])
 def test_decoder_layer_forward_is_pytorchs_decoder_layer_values_and_gradients(norm_first, activation, B, T, S, H):
-    """The reference of exercise 3 computes nn.TransformerDecoderLayer from its weights, gradients included."""
+    """The reference of exercise 3 computes nn.TransformerDecoderLayer from its state_dict, gradients included."""
     torch.manual_seed(0)
     theirs = nn.TransformerDecoderLayer(16, H, 24, dropout=0.0, batch_first=True, norm_first=norm_first,
                                         activation=activation).eval()
@@ -300,14 +300,22 @@ def test_decoder_layer_forward_is_pytorchs_decoder_layer_values_and_gradients(no
             p.add_(0.3 * torch.randn_like(p))  # biases not 0, LayerNorm gains not 1
     x, memory = torch.randn(B, T, 16, requires_grad=True), torch.randn(B, S, 16, requires_grad=True)
     pad = masks.padding_mask(torch.randint(1, S + 1, (B,)), S)  # (B, 1, S), True = may attend
+    names, weights = zip(*theirs.named_parameters())
     for mask in (None, pad):
-        ours = transformer.decoder_layer_forward(theirs, x, memory, mask)
+        ours = transformer.decoder_layer_forward(dict(zip(names, weights)), x, memory, mask, H, norm_first, activation)
         expected = theirs(x, memory, tgt_mask=~masks.causal_mask(T),
                           memory_key_padding_mask=None if mask is None else ~mask[:, 0])
         torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-4)
         upstream = torch.randn_like(expected)
-        inputs = [x, memory, *theirs.parameters()]
+        inputs = [x, memory, *weights]
         grads_ours = torch.autograd.grad((ours * upstream).sum(), inputs)
         grads_theirs = torch.autograd.grad((expected * upstream).sum(), inputs)
         for mine, reference in zip(grads_ours, grads_theirs):
             torch.testing.assert_close(mine, reference, atol=1e-4, rtol=1e-3)
+
+
+def test_decoder_layer_forward_names_an_unknown_activation():
+    theirs = nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    with pytest.raises(KeyError, match="tanh"):
+        transformer.decoder_layer_forward(theirs.state_dict(), torch.randn(1, 2, 8), torch.randn(1, 3, 8), None, 2,
+                                          False, "tanh")

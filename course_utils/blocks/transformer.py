@@ -22,7 +22,7 @@ from torch import nn
 
 from course_utils.core.errors import InputError
 from course_utils.blocks.masks import causal_mask, padding_mask
-from course_utils.blocks.multihead import MultiHeadAttention
+from course_utils.blocks.multihead import MultiHeadAttention, multi_head_attention
 from course_utils.blocks.positional import sinusoidal_positional_encoding
 
 
@@ -258,6 +258,57 @@ def block_from_torch(layer: nn.Module, block_class: type[nn.Module]) -> nn.Modul
             getattr(ours, name).eps = getattr(layer, name).eps
     return ours
 
+
+def decoder_layer_forward(state: dict[str, torch.Tensor], x: torch.Tensor, memory: torch.Tensor,
+                          memory_mask: torch.Tensor | None, num_heads: int, norm_first: bool,
+                          activation: str = "relu") -> torch.Tensor:
+    """What PyTorch's decoder layer computes, from its saved weights (notebook 07, exercise 3).
+
+    ``state`` is the ``state_dict()`` of an ``nn.TransformerDecoderLayer(D, H, D_ff,
+    batch_first=True, norm_first=..., activation=...)``, as a checkpoint holds it.
+    The result is what that layer returns for ``layer(x, memory, tgt_mask=~causal_mask(T),
+    memory_key_padding_mask=~memory_mask[:, 0])`` in evaluation mode (or with dropout
+    0). Each attention keeps its three input projections in one ``in_proj_weight``
+    of shape (3D, D): rows 0..D-1 for the queries, D..2D-1 for the keys, 2D..3D-1
+    for the values, each stored (out, in) and applied as h W^T + b, like an
+    ``nn.Linear``. In a pre-LN layer ``norm2`` normalises the decoder's stream only:
+    the memory enters the cross-attention as it is.
+
+    Args:
+        state: The layer's weights by name, e.g. ``"self_attn.in_proj_weight"`` (3D, D).
+        x: (B, T, D) float, the decoder's input.
+        memory: (B, S, D) float, the encoder's output.
+        memory_mask: (B, 1, S) bool, True = may attend (the course's convention), or None.
+        num_heads: H, the layer's ``nhead``.
+        norm_first: The layer's ``norm_first``: pre-LN (True) or post-LN.
+        activation: The layer's activation, "relu" or "gelu".
+
+    Returns:
+        (B, T, D) float.
+    """
+    causal = causal_mask(x.shape[1]).to(x.device)  # (T, T), True = may attend
+    cross_mask = None if memory_mask is None else memory_mask[:, None]  # (B, 1, S) -> (B, 1, 1, S): every head
+
+    def linear(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda h: nn.functional.linear(h, state[f"{name}.weight"], state[f"{name}.bias"])  # h W^T + b
+
+    def norm(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda h: layer_norm(h, state[f"{name}.weight"], state[f"{name}.bias"])  # eps 1e-5, as nn.LayerNorm
+
+    def attend(name: str, query: torch.Tensor, source: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        w_q, w_k, w_v = state[f"{name}.in_proj_weight"].chunk(3)  # (3D, D) -> three (D, D): queries, keys, values
+        b_q, b_k, b_v = state[f"{name}.in_proj_bias"].chunk(3)  # (3D,) -> three (D,)
+        out, _ = multi_head_attention(query, source, source,
+                                      lambda h: nn.functional.linear(h, w_q, b_q),  # (..., D) -> (..., D)
+                                      lambda h: nn.functional.linear(h, w_k, b_k),
+                                      lambda h: nn.functional.linear(h, w_v, b_v),
+                                      linear(f"{name}.out_proj"), num_heads, mask)
+        return out  # (B, T, D)
+
+    act = {"relu": nn.functional.relu, "gelu": nn.functional.gelu}[activation]  # the layer's activation
+    x = residual(x, lambda h: attend("self_attn", h, h, causal), norm("norm1"), norm_first)
+    x = residual(x, lambda h: attend("multihead_attn", h, memory, cross_mask), norm("norm2"), norm_first)
+    return residual(x, lambda h: linear("linear2")(act(linear("linear1")(h))), norm("norm3"), norm_first)
 
 class TransformerSeq2Seq(nn.Module):
     """A small encoder-decoder transformer with the interface of ``seq2seq.Seq2Seq`` (notebook 07).

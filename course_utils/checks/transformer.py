@@ -179,37 +179,38 @@ def _is_pre_ln_blocks(fn: Callable[..., Any], seed: int, D: int) -> None:
     raise CheckError(f"is_pre_ln misjudged {said}")
 
 
-# --- exercise 3: PyTorch's decoder layer, computed from its weights -------------------------------------------
+# --- exercise 3: PyTorch's decoder layer, computed from its saved weights -------------------------------------
 
 _LAYERS = (("a post-LN layer", False, "relu"), ("a pre-LN layer", True, "relu"),
            ("a post-LN layer with GELU", False, "gelu"), ("a pre-LN layer with GELU", True, "gelu"))
 _COPIES = ("copies PyTorch's weights into the course's modules for you, and reading them is the exercise: take the "
            "blocks of in_proj_weight and in_proj_bias yourself")
-_ATTENTION = ("your function calls PyTorch's attention (layer.self_attn or layer.multihead_attn, an "
-              "nn.MultiheadAttention): the exercise asks you to compute the attention from their weights")
+_ATTENTION = ("your function calls PyTorch's attention (nn.MultiheadAttention or F.multi_head_attention_forward), "
+              "which reads in_proj_weight for you: compute the attention from the weights in state")
 
 
 def check_decoder_layer_forward(fn: Callable[..., Any], seed: int = 0, B: int = 2, T: int = 3, S: int = 5,
                                 D: int = 28, H: int = 4) -> None:
-    """Check a learner's ``decoder_layer_forward(layer, x, memory, memory_mask=None) -> (B, T, D)`` (notebook 07, exercise 3).
+    """Check ``decoder_layer_forward(state, x, memory, memory_mask, num_heads, norm_first, activation)`` (07, exercise 3).
 
-    The answer is compared with PyTorch's ``nn.TransformerDecoderLayer`` itself,
-    in evaluation mode: post-LN and pre-LN, ReLU and GELU, every parameter
-    random (a new layer's biases are 0 and its LayerNorms' gains 1, which would
-    hide a missing bias or a swapped LayerNorm), without a mask and with a
-    padding mask in which one source has a single real position; then the
-    gradients with respect to ``x`` and ``memory``. At the sizes asked for
-    (T != S), at B = 1, H = 1, T = 1 and S = 1, and at sizes that all differ.
-    Calling the layer, its ``nn.MultiheadAttention`` modules or the course's
-    weight-copying helpers is rejected.
+    ``state`` is the ``state_dict()`` of an ``nn.TransformerDecoderLayer``, and the
+    answer is compared with that layer itself, in evaluation mode: post-LN and
+    pre-LN, ReLU and GELU, every parameter random (a new layer's attention
+    biases are 0 and its LayerNorms' gains 1, which would hide a missing bias or
+    a swapped LayerNorm), without a mask and with a padding mask in which one
+    source has a single real position. Then the gradients with respect to ``x``,
+    ``memory`` and every weight. At the sizes asked for (T != S), at B = 1,
+    H = 1, T = 1 and S = 1, and at sizes that all differ. A function that runs
+    PyTorch's layer or attention, or the course's weight-copying helpers, is
+    rejected.
 
     Raises:
         CheckError: Naming the likely bug.
     """
     __tracebackhide__ = True  # noqa: F841
     ruled_out = {
-        torch.nn.TransformerDecoderLayer.forward: "your function calls the layer itself (`layer(...)` runs "
-                                                  "nn.TransformerDecoderLayer.forward): compute it from its weights",
+        torch.nn.TransformerDecoderLayer.forward: "your function runs PyTorch's layer (nn.TransformerDecoderLayer."
+                                                  "forward): compute the layer from the weights in state",
         torch.nn.MultiheadAttention.forward: _ATTENTION,
         F.multi_head_attention_forward: _ATTENTION,
         transformer.block_from_torch: f"your function calls block_from_torch, which {_COPIES}",
@@ -238,10 +239,14 @@ def _random_layer(seed: int, g: torch.Generator, D: int, H: int, norm_first: boo
 
 
 def _torch_decoder(layer: torch.nn.Module, x: torch.Tensor, memory: torch.Tensor,
-                   memory_mask: torch.Tensor | None) -> torch.Tensor:
-    """PyTorch's own layer, given the course's masks the way it reads them (True = ignore)."""
+                   memory_mask: torch.Tensor | None, weights: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """PyTorch's own layer (with ``weights`` in place of its own, if given), given the course's masks the way it
+    reads them (True = ignore)."""
     ignore = None if memory_mask is None else ~memory_mask[:, 0]  # (B, 1, S) -> (B, S)
-    return layer(x, memory, tgt_mask=~masks.causal_mask(x.shape[1]), memory_key_padding_mask=ignore)
+    masks_ = {"tgt_mask": ~masks.causal_mask(x.shape[1]), "memory_key_padding_mask": ignore}
+    if weights is None:
+        return layer(x, memory, **masks_)
+    return torch.func.functional_call(layer, weights, (x, memory), masks_)
 
 
 def _decoder_variant(layer: Any, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None, *,
@@ -309,7 +314,7 @@ def _decoder_suspects(layer: Any, x: torch.Tensor, memory: torch.Tensor,
         "the second attention attends to the target again: its keys and values come from memory (cross-attention)":
             dict(cross_reads_target=True),
         "the attention's output projection (out_proj) is missing": dict(out_proj=False),
-        "this layer's activation is GELU, not ReLU: the layer keeps its own in layer.activation": dict(relu=True),
+        "this layer's activation is GELU (activation='gelu'), not ReLU": dict(relu=True),
     }
     with torch.no_grad():
         return {mistake: _decoder_variant(layer, x, memory, memory_mask, **change)
@@ -327,23 +332,23 @@ def _decoder_layer_once(fn: Callable[..., Any], seed: int, B: int, T: int, S: in
     pad = masks.padding_mask(lengths, S)  # (B, 1, S), True = may attend
     dims = {"B": B, "T": T, "D": D}
     expected_shape = f"a (B, T, D) = {(B, T, D)} tensor"
+    error_hint = ("state maps names such as 'self_attn.in_proj_weight' to tensors (print its keys and shapes); memory "
+                  "has its own length S, which need not be T")
     for description, norm_first, activation in _LAYERS:
         layer = _random_layer(seed, g, D, H, norm_first, activation)
-        state = {name: t.clone() for name, t in layer.state_dict().items()}
+        saved = {name: t.clone() for name, t in layer.state_dict().items()}
         for mask_label, mask in (("without a mask", None), (f"with a (B, 1, S) = {(B, 1, S)} padding mask", pad)):
             inputs = (x, memory) if mask is None else (x, memory, mask)
             copies = tuple(t.clone() for t in inputs)
             with torch.no_grad():
-                got = call(fn, layer, x, memory, mask, name="decoder_layer_forward", expected=expected_shape,
-                           error_hint="layer is PyTorch's nn.TransformerDecoderLayer: its weights are attributes such "
-                                      "as layer.self_attn.in_proj_weight (layer.named_parameters() lists them all); "
-                                      "memory has its own length S, which need not be T")
+                got = call(fn, layer.state_dict(), x, memory, mask, H, norm_first, activation,
+                           name="decoder_layer_forward", expected=expected_shape, error_hint=error_hint)
                 expected = _torch_decoder(layer, x, memory, mask)
             if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
                 raise CheckError("decoder_layer_forward changed x, memory or memory_mask in place: use operations that "
                                  "return new tensors")
-            if any(not torch.equal(t, state[name]) for name, t in layer.state_dict().items()):
-                raise CheckError("decoder_layer_forward changed the layer's weights: read them, never write to them")
+            if any(not torch.equal(t, saved[name]) for name, t in layer.state_dict().items()):
+                raise CheckError("decoder_layer_forward changed the weights in state: read them, never write to them")
             name = f"the output of {description} {mask_label}"
             if (isinstance(got, torch.Tensor) and tuple(got.shape) == (B, T, D) and got.is_floating_point()
                     and not torch.isfinite(got).all()):
@@ -356,5 +361,30 @@ def _decoder_layer_once(fn: Callable[..., Any], seed: int, B: int, T: int, S: in
                         suspects=None if close else _decoder_suspects(layer, x, memory, mask),
                         hint="compare your layer with section 6's decoder block one sublayer at a time, and check "
                              "which rows of in_proj_weight you use for the queries, the keys and the values")
-        check_gradients(fn, (layer, x, memory, pad), _torch_decoder, name="decoder_layer_forward",
-                        wrt={1: "x", 2: "memory"}, what=f"the outputs of {description}", seed=seed, atol=1e-4, rtol=1e-3)
+        names = list(saved)
+
+        def learner(x: torch.Tensor, memory: torch.Tensor, *weights: torch.Tensor, norm_first: bool = norm_first,
+                    activation: str = activation) -> Any:
+            return fn(dict(zip(names, weights)), x, memory, pad, H, norm_first, activation)
+
+        def reference(x: torch.Tensor, memory: torch.Tensor, *weights: torch.Tensor, layer: Any = layer) -> torch.Tensor:
+            return _torch_decoder(layer, x, memory, pad, dict(zip(names, weights)))
+
+        args = (x, memory, *saved.values())
+        check_gradients(learner, args, reference, name="decoder_layer_forward",
+                        wrt=_with_a_gradient(reference, args, ["x", "memory", *names]),
+                        what=f"the outputs of {description}", seed=seed, atol=1e-4, rtol=1e-3)
+
+
+def _with_a_gradient(reference: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...],
+                     names: list[str]) -> dict[int, str]:
+    """The inputs the output depends on: ``{position: name}``. Some depend on the sizes: with S = 1 every query
+    puts all its weight on the one key, so in a pre-LN layer the output does not depend on norm2 at all (its
+    reference gradient is rounding noise, about 1e-7, which no answer needs to reproduce)."""
+    with torch.enable_grad():
+        leaves = [a.detach().clone().requires_grad_(True) for a in args]
+        out = reference(*leaves)
+        upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
+        grads = torch.autograd.grad((out * upstream).sum(), leaves, allow_unused=True)
+    return {i: name for i, (name, grad) in enumerate(zip(names, grads))
+            if grad is not None and grad.abs().max() > 1e-5}
