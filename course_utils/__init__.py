@@ -71,6 +71,7 @@ from course_utils.experiments.deep_stacks import StackRun, WarmupConfig, gradien
 from course_utils.experiments.efficiency import (
     LayerTimes,
     SelfAttentionLayer,
+    causal_tiled_attention,
     online_softmax_update,
     peak_memory_curve,
     peak_memory_mb,
@@ -121,6 +122,7 @@ __all__ = [
     "TransformerSeq2Seq",
     "block_from_torch",
     "decoder_layer_forward",
+    "causal_tiled_attention",
     "is_pre_ln",
     "StackRun",
     "WarmupConfig",
