@@ -50,9 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
-import nbformat.reader
 
-from course_utils.tooling.submissions import Result, assemble, find_submissions, static_flags
+from course_utils.tooling.submissions import Result, assemble, find_submissions, static_flags, validate
 from course_utils.tooling import written as written_questions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -236,38 +235,6 @@ def release(out: Path = BUILD / "release", notebooks_dir: Path = NOTEBOOKS) -> l
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def validate(submission: Path, release_nb: Path, source_nb: Path) -> str:
-    """Why a submission cannot be graded, or "" if it can.
-
-    Checks that it is valid notebook JSON and that every graded test cell of
-    the release is present and unchanged (nbgrader's checksum): as released,
-    or as in the instructor version (which also holds the hidden tests).
-    """
-    from nbgrader.utils import compute_checksum
-
-    try:
-        nb = nbformat.read(submission, as_version=4)
-    except (json.JSONDecodeError, UnicodeDecodeError, nbformat.reader.NotJSONError) as exc:
-        return f"not valid notebook JSON ({str(exc)[:80]})"
-    except Exception as exc:  # noqa: BLE001 - nbformat raises several kinds
-        return f"not a readable notebook ({type(exc).__name__}: {exc})"
-    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}
-    instructor = {c.metadata.get("nbgrader", {}).get("grade_id"): c
-                  for c in nbformat.read(source_nb, as_version=4).cells}
-    reference = nbformat.read(release_nb, as_version=4)
-    for cell in reference.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if not (meta.get("grade") and cell.cell_type == "code"):
-            continue
-        theirs = cells.get(meta["grade_id"])
-        if theirs is None:
-            return f"test cell '{meta['grade_id']}' was deleted"
-        allowed = {meta.get("checksum"), compute_checksum(instructor[meta["grade_id"]])}
-        if theirs.cell_type != "code" or compute_checksum(theirs) not in allowed:
-            return f"test cell '{meta['grade_id']}' was edited"
-    return ""
 
 
 MAX_SUBMISSION_BYTES = 50 * 2**20
