@@ -158,13 +158,18 @@ def test_bad_submissions_fail_with_a_reason_and_the_rest_are_graded(released, tm
     assert not (feedback / "edited").exists(), "no feedback for a submission that failed validation"
     rows = list(csv.DictReader(grading.write_grades_csv(list(results.values()), tmp_path / "grades.csv").open()))
     good = [r for r in rows if r["student"] == "good"]
-    assert [r["exercise"] for r in good] == [ex.grade_id for ex in grading.exercises(path)]
-    assert all(r["points"] == r["max_points"] and r["status"] == "graded" for r in good)
+    auto = [ex.grade_id for ex in grading.exercises(path)]
+    hand = [q.grade_id for q in written.questions(path)]
+    assert [r["exercise"] for r in good] == auto + hand, "autograded exercises, then the written question"
+    assert all(r["points"] == r["max_points"] for r in good if r["exercise"] in auto)
+    assert all(r["points"] == "" for r in good if r["exercise"] in hand), "a written answer waits for its hand mark"
+    assert all(r["status"] == "graded; to mark by hand: " + ", ".join(hand) for r in good)
     assert [r["status"] for r in rows if r["student"] == "edited"] == [f"FAILED: test cell '{first_test}' was edited"]
     assert _digest(subs) == before_subs and _digest(ROOT / "notebooks") == before_nbs, "grading modified its inputs"
 
     table = grading.format_table(list(results.values()))
-    assert re.search(rf"good\s+.*{sum(ex.points for ex in grading.exercises(path)):g}/\S+\s+graded", table)
+    assert re.search(rf"good\s+.*to mark/3\s+{sum(ex.points for ex in grading.exercises(path)):g}/\S+ so far\s+graded; "
+                     "to mark by hand: written_", table)
     assert "FAILED: test cell" in table
 
 
