@@ -69,7 +69,8 @@ require(["reveal.js/dist/reveal.js"], function (Reveal) {
   function fit(slide) {
     if (!slide) return;
     slide.style.zoom = ""; slide.style.maxHeight = "none";
-    var zoom = Math.max(@MINZOOM@, Math.min(1, @HEIGHT@ / slide.scrollHeight));
+    // 3% headroom: a scroll bar that appears would narrow the slide and re-wrap its text
+    var zoom = slide.scrollHeight > @HEIGHT@ ? Math.max(@MINZOOM@, 0.97 * @HEIGHT@ / slide.scrollHeight) : 1;
     slide.style.zoom = zoom < 1 ? String(zoom) : "";
     slide.style.maxHeight = (@HEIGHT@ / zoom) + "px";
     Reveal.layout();
@@ -78,6 +79,9 @@ require(["reveal.js/dist/reveal.js"], function (Reveal) {
     var slide = Reveal.getCurrentSlide();
     fit(slide);
     if (window.MathJax && MathJax.Hub) MathJax.Hub.Queue(function () { fit(slide); });
+    slide.querySelectorAll("img").forEach(function (img) {  // a figure has its height once decoded
+      if (!img.complete) img.addEventListener("load", function () { fit(slide); }, {once: true});
+    });
   }
   if (Reveal.isReady()) fitCurrent(); else Reveal.on("ready", fitCurrent);
   Reveal.on("slidechanged", fitCurrent);
