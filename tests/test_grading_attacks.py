@@ -6,23 +6,41 @@ attack and fails if it works: the attacks scored full marks, rewrote other
 files, read the instructor's solutions, reached the network or outlived the
 grading before the fixes (rebuilding each notebook from the release, the
 sandbox, no symlinks followed, flags, CSV escaping).
+
+A second tiny course, graded by two of the course's own checkers, holds the
+attacks on the kernel's verdict itself (a replaced checker or torch.allclose,
+an input transformer, dropped error messages, a detached answer): each got full
+marks from its kernel before the out-of-kernel verdict
+(``course_utils.tooling.verdict``). The verdict's own defences (time, size,
+what is unpickled, hidden files) and its coverage of every exercise of the
+course are tested on it directly.
 """
 
 from __future__ import annotations
 
 import copy
 import csv
+import io
+import os
+import pickle
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from course_utils.tooling import grading
+from buggy_answers import BUGGY
+from conftest import NOTEBOOKS, ROOT
+from course_utils.tooling import grading, verdict
+from course_utils.tooling.verdict import transport
 
 STEM = "00_tiny"
 
@@ -85,10 +103,22 @@ class _Listener:
         self.sock.close()
 
 
+# A folder for the attack course that is not under /tmp (see ``graded``); /var/tmp is the
+# standard place for temporary files outside /tmp (Filesystem Hierarchy Standard).
+_OUTSIDE_TMP = "/var/tmp"
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Grade a class of attackers once; return (results by student, folders, listener)."""
-    base = tmp_path_factory.mktemp("attacks")
+    """Grade a class of attackers once; return (results by student, folders, listener).
+
+    The folders live outside /tmp on purpose: the sandbox gives each notebook
+    an empty /tmp of its own, so files under /tmp would be out of a student's
+    reach whether or not the sandbox hides and protects them, and the tests
+    of hiding and of writing outside could not fail.
+    """
+    base = Path(tempfile.mkdtemp(prefix="course-attacks-", dir=_OUTSIDE_TMP))
+    assert not base.resolve().is_relative_to("/tmp"), base
     instructor_dir = base / "instructor"
     instructor_dir.mkdir()
     instructor = _instructor()
@@ -153,8 +183,11 @@ def graded(tmp_path_factory):
     by = {}
     for r in results:
         by.setdefault(r.student, r)
-    yield {"results": by, "all": results, "subs": subs, "outside": outside, "marker": marker,
-           "received": listener_received, "honest_before": honest_before, "base": base, "elapsed": elapsed}
+    try:
+        yield {"results": by, "all": results, "subs": subs, "outside": outside, "marker": marker,
+               "received": listener_received, "honest_before": honest_before, "base": base, "elapsed": elapsed}
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _moved_test_to_end(nb):
@@ -260,3 +293,238 @@ def test_grading_refuses_to_run_without_the_sandbox(tmp_path, monkeypatch):
     (tmp_path / "subs" / "someone").mkdir(parents=True)
     with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
         grading.autograde(tmp_path / "subs", course=tmp_path / "course")
+
+
+# --- The out-of-kernel verdict (course_utils.tooling.verdict) ----------------------------------------------------
+#
+# Each attacker below gets full marks from its own kernel (every test asserts the DISAGREES flag, which says
+# so); the verdict computed in the grading process, on the functions the student's code defines, scores the
+# exercise 0. A second tiny course uses two of the course's own checkers: check_pairwise_scores, and
+# check_next_token_loss, which runs backward through the student's loss and a model that stays in the grader.
+
+TENSOR_STEM = "00_tensors"
+PAIRWISE = "def pairwise_scores(q, k):\n    ### BEGIN SOLUTION\n    return {}\n    ### END SOLUTION\n"
+PAIRWISE_RIGHT = PAIRWISE.format("q @ k.transpose(-2, -1)")
+PAIRWISE_WRONG = PAIRWISE.format("q @ k.transpose(-2, -1) + 1  # the right shape and gradient, wrong values")
+LOSS = ("def next_token_loss(model, tokens):\n    ### BEGIN SOLUTION\n    logits = model(tokens[:, :-1])\n"
+        "    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)){}\n"
+        "    ### END SOLUTION\n")
+GET_IPYTHON = 'getattr(__import__("IPy" + "thon"), "get_" + "ipython")()'
+DROP_ERRORS = (  # the kernel drops its error outputs and reports every cell as "ok" (nbgrader sees a clean cell)
+    f"_kernel = getattr({GET_IPYTHON}, 'kernel', None)  # None outside a Jupyter kernel\n"
+    "if _kernel is not None:\n"
+    "    _send = _kernel.session.send\n\n"
+    "    def _without_errors(stream, msg_or_type, content=None, *args, **kwargs):\n"
+    "        kind = msg_or_type if isinstance(msg_or_type, str) else msg_or_type['header']['msg_type']\n"
+    "        if kind == 'error':\n            return None\n"
+    "        if kind == 'execute_reply' and isinstance(content, dict) and content.get('status') == 'error':\n"
+    "            content = {'status': 'ok', 'execution_count': content.get('execution_count'), "
+    "'user_expressions': {}, 'payload': []}\n"
+    "        return _send(stream, msg_or_type, content, *args, **kwargs)\n\n"
+    "    _kernel.session.send = _without_errors\n")
+TENSOR_ATTACKS = {
+    # replace the checkers' comparisons, reached through an obfuscated import
+    "patches_checker": ('for _name in ("core", "orientation", "gpt"):\n'
+                        '    _module = __import__("course_utils.checks." + _name, fromlist=["x"])\n'
+                        '    for _what in ("check_" + "close", "check_" + "tensor"):\n'
+                        "        setattr(_module, _what, lambda *args, **kwargs: None)\n" + PAIRWISE_WRONG),
+    # strip every line that calls a checker from the cells that run next
+    "strips_checks": (f"{GET_IPYTHON}.input_transformers_post.append(\n"
+                      "    lambda lines: [line for line in lines if 'check' + '_' not in line])\n" + PAIRWISE_WRONG),
+    # drop the error outputs from the kernel's messages
+    "drops_errors": DROP_ERRORS + PAIRWISE_WRONG,
+    # make every comparison succeed
+    "patches_allclose": ("torch.allclose = lambda *args, **kwargs: True\n"
+                         "torch.testing.assert_close = lambda *args, **kwargs: None\n" + PAIRWISE_WRONG),
+}
+
+
+def _tensor_course() -> nbformat.NotebookNode:
+    nb = new_notebook(cells=[
+        new_markdown_cell("# 00 · Tensors"),
+        new_markdown_cell("## Setup"),
+        new_code_cell("import torch\nimport torch.nn.functional as F\n\n"
+                      "from course_utils.checks import check_next_token_loss, check_pairwise_scores"),
+        new_markdown_cell("## Exercises"),
+        _nbgrader(new_code_cell(PAIRWISE_RIGHT), "pairwise_scores", solution=True),
+        _nbgrader(new_code_cell("check_pairwise_scores(pairwise_scores)\n### BEGIN HIDDEN TESTS\n"
+                                "check_pairwise_scores(pairwise_scores, seed=1, B=3, T=5, S=2, D=7)\n"
+                                "### END HIDDEN TESTS"), "pairwise_scores_tests", grade=True, points=2),
+        new_code_cell("from course_utils.blocks import attention\n\npairwise_scores = attention.pairwise_scores"),
+        _nbgrader(new_code_cell(LOSS.format("")), "next_token_loss", solution=True),
+        _nbgrader(new_code_cell("check_next_token_loss(next_token_loss)"), "next_token_loss_tests", grade=True,
+                  points=3),
+    ])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+def _with_solutions(nb, **sources: str) -> nbformat.NotebookNode:
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if cell.metadata.get("nbgrader", {}).get("solution") and grade_id in sources:
+            cell.source = sources[grade_id]
+    return nb
+
+
+@pytest.fixture(scope="module")
+def tensor_graded(tmp_path_factory):
+    """Grade the tensor course's attackers once; return the results by student."""
+    base = tmp_path_factory.mktemp("tensor-attacks")
+    (base / "instructor").mkdir()
+    instructor = _tensor_course()
+    nbformat.write(instructor, base / "instructor" / f"{TENSOR_STEM}.ipynb")
+    students = {name: _with_solutions(instructor, pairwise_scores=source) for name, source in TENSOR_ATTACKS.items()}
+    students["honest"] = _with_solutions(instructor, pairwise_scores=PAIRWISE_RIGHT, next_token_loss=LOSS.format(""))
+    # the right loss, detached from the model (so no gradient reaches it), its error hidden from nbgrader
+    students["detaches"] = _with_solutions(instructor, pairwise_scores=DROP_ERRORS + PAIRWISE_RIGHT,
+                                           next_token_loss=LOSS.format(".detach()"))
+    for student, nb in students.items():
+        (base / "subs" / student).mkdir(parents=True)
+        nbformat.write(nb, base / "subs" / student / f"{TENSOR_STEM}.ipynb")
+    results = grading.autograde(base / "subs", notebooks_dir=base / "instructor", course=base / "course", timeout=60)
+    return {r.student: r for r in results}
+
+
+@pytest.mark.parametrize("student", sorted(TENSOR_ATTACKS))
+def test_tampering_with_the_kernel_no_longer_gets_the_marks(tensor_graded, student):
+    r = tensor_graded[student]
+    assert not r.failed, r.failed
+    assert r.scores == {"pairwise_scores_tests": 0.0, "next_token_loss_tests": 3.0}, (student, r.scores, r.flags)
+    assert f"pairwise_scores_tests: {verdict.DISAGREES}" in " ".join(r.flags), "the kernel gave it the marks"
+
+
+def test_a_detached_answer_fails_out_of_the_kernel_too(tensor_graded):
+    r = tensor_graded["detaches"]
+    assert r.scores == {"pairwise_scores_tests": 2.0, "next_token_loss_tests": 0.0}, (r.scores, r.flags)
+    flag = next(f for f in r.flags if f.startswith("next_token_loss_tests:"))
+    assert verdict.DISAGREES in flag and "detached" in flag
+
+
+def test_a_right_answer_gets_full_marks_and_no_flag(tensor_graded):
+    r = tensor_graded["honest"]
+    assert r.scores == {"pairwise_scores_tests": 2.0, "next_token_loss_tests": 3.0}
+    assert r.flags == []
+
+
+def _misbehaving_course(secret: Path, marker: Path) -> nbformat.NotebookNode:
+    """Exercises whose answers hang, flood, forge a message, or look for the instructor's files."""
+    forge = ("import io, os, struct, sys\n\nclass Payload:\n    def __reduce__(self):\n"
+             f"        return (os.system, ('touch {marker}',))\n\n"
+             "def forged(x):\n    channel = sys.modules['course_utils.tooling.verdict.child']._SERVER\n"
+             "    buffer = io.BytesIO()\n    torch.save({'op': 'result', 'tree': Payload()}, buffer)\n"
+             "    os.write(channel.out_fd, struct.pack('>Q', buffer.tell()) + buffer.getvalue())\n"
+             "    return 2 * x\n")
+    answers = {
+        "twice": "def twice(x):\n    return x + x\n",
+        "sleeps": "import time\n\ndef sleeps(x):\n    time.sleep(10**6)\n",
+        "floods": "def floods(x):\n    return torch.zeros(20_000_000)  # 80 MB\n",
+        "forged": forge,
+        "after": "def after(x):\n    return 2 * x\n",
+        "leaked": f"try:\n    leaked = open({str(secret)!r}).read()\nexcept OSError as error:\n"
+                  "    leaked = type(error).__name__\n",
+    }
+    cells = [new_markdown_cell("## Setup"), new_code_cell("import torch"),
+             new_code_cell("def check_twice(fn):\n    x = torch.tensor([1.0, -2.0], requires_grad=True)\n"
+                           "    assert torch.equal(fn(x), 2 * x), 'fn(x) must be 2 x'"),
+             new_markdown_cell("## Exercises")]
+    for name, source in answers.items():
+        test = ("assert leaked == 'FileNotFoundError', leaked" if name == "leaked" else f"check_twice({name})")
+        cells += [_nbgrader(new_code_cell(source), name, solution=True),
+                  _nbgrader(new_code_cell(test), f"{name}_tests", grade=True, points=1)]
+    return new_notebook(cells=cells)
+
+
+def test_a_child_that_hangs_floods_or_forges_is_stopped_with_a_reason(tmp_path):
+    # the sandbox has its own /tmp: a secret the child could see without `hide` must live elsewhere
+    (ROOT / "build").mkdir(exist_ok=True)
+    hidden = Path(tempfile.mkdtemp(prefix="verdict-secret-", dir=ROOT / "build"))
+    secret = hidden / "solutions.ipynb"
+    secret.write_text("the instructor's solutions", encoding="utf-8")
+    marker = tmp_path / "forged-payload-ran"  # what the forged message would create, if it were unpickled here
+    nb = _misbehaving_course(secret, marker)
+    started = time.monotonic()
+    try:
+        outcomes = verdict.judge(nb, nb, hide=[hidden], timeout=5)
+    finally:
+        shutil.rmtree(hidden)
+    assert time.monotonic() - started < 60
+    assert outcomes["twice_tests"] == verdict.Outcome(1.0)
+    assert outcomes["sleeps_tests"].score == 0.0
+    assert "did not answer within the time limit and was stopped (5 s for the checks of sleeps_tests" \
+        in outcomes["sleeps_tests"].reason
+    assert outcomes["floods_tests"].score == 0.0
+    assert "a message of 76 MB, over the 32 MB limit" in outcomes["floods_tests"].reason
+    assert outcomes["forged_tests"].score == 0.0
+    assert "other than tensors and plain values (torch.load(weights_only=True) refused it" \
+        in outcomes["forged_tests"].reason
+    assert not marker.exists()
+    assert outcomes["after_tests"] == verdict.Outcome(1.0), "a new child grades the exercises after a stopped one"
+    assert outcomes["leaked_tests"] == verdict.Outcome(1.0), "the child read the instructor's file"
+
+
+def test_the_grading_process_reads_only_tensors_and_plain_values(tmp_path):
+    marker = tmp_path / "payload-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    forged = io.BytesIO()
+    torch.save({"op": "result", "tree": Payload()}, forged)
+    with pytest.raises(verdict.ProtocolError, match="unsupported GLOBAL posix.system"):
+        transport.load(forged.getvalue())
+    with pytest.raises(verdict.ProtocolError, match="not a torch.save archive"):
+        transport.load(pickle.dumps({"op": "result", "tree": Payload()}))
+    assert not marker.exists()
+    plain = io.BytesIO()
+    torch.save({"op": "result", "tree": ("tensor", 0, False), "tensors": [torch.ones(2)], "ids": [7]}, plain)
+    compressed = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(plain.getvalue())) as original, \
+            zipfile.ZipFile(compressed, "w", zipfile.ZIP_DEFLATED) as squeezed:
+        for item in original.infolist():
+            squeezed.writestr(item.filename, original.read(item))
+    with pytest.raises(verdict.ProtocolError, match="a compressed entry"):
+        transport.load(compressed.getvalue())
+    overlapping = io.BytesIO()  # a few bytes that would take 4 GB once copied
+    torch.save({"op": "result", "tree": ("tensor", 0, False), "tensors": [torch.zeros(1).expand(10**9)],
+                "ids": [7]}, overlapping)
+    with pytest.raises(verdict.ProtocolError, match="whose elements overlap in memory"):
+        transport.load(overlapping.getvalue())
+    assert transport.load(plain.getvalue())["ids"] == [7]
+
+
+def test_every_graded_exercise_of_the_course_is_checked_out_of_the_kernel():
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        solutions = {c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+                     if c.metadata.get("nbgrader", {}).get("solution")}
+        checks = verdict.plan(nb, nb).checks
+        assert [c.grade_id for c in checks] == [ex.grade_id for ex in grading.exercises(path)]
+        for check in checks:
+            assert not check.uncovered, f"{path.stem} {check.grade_id}: {check.uncovered}"
+            assert check.student_names and set(check.student_names) <= solutions, (path.stem, check)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_out_of_the_kernel_every_solution_passes_and_every_known_buggy_answer_fails(path):
+    instructor = nbformat.read(path, as_version=4)
+    right = verdict.judge(instructor, instructor, timeout=120)
+    assert {g: o.score for g, o in right.items()} == {ex.grade_id: ex.points for ex in grading.exercises(path)}, \
+        {g: o.reason for g, o in right.items() if o.reason}
+    # Every solution cell replaced by its buggy answer at once: the fallbacks after each test cell keep one
+    # exercise's bug from reaching the next one, as in the kernel.
+    wrong = verdict.judge(_with_solutions(instructor, **BUGGY[path.stem]), instructor, timeout=120)
+    assert {g: o.score for g, o in wrong.items()} == {f"{g}_tests": 0.0 for g in BUGGY[path.stem]}, wrong
+    assert all(o.reason for o in wrong.values())
+
+
+def test_the_reported_score_is_the_lower_of_the_two_verdicts():
+    kernel = {"a": 2.0, "b": 3.0, "c": 0.0, "d": 1.0}
+    outcomes = {"a": verdict.Outcome(2.0), "b": verdict.Outcome(0.0, "CheckError: wrong values"),
+                "c": verdict.Outcome(4.0), "d": verdict.Outcome(None, "the test cell uses `x`")}
+    scores, flags = verdict.combine(kernel, outcomes)
+    assert scores == {"a": 2.0, "b": 0.0, "c": 0.0, "d": 1.0}
+    assert flags == [f"b: {verdict.DISAGREES} (out of the kernel: CheckError: wrong values)",
+                     "d: not checked out of the kernel (the test cell uses `x`)"]

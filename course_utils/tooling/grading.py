@@ -30,6 +30,12 @@ answer needs (import the course's reference code, ``exec``, ``get_ipython``,
 subprocesses, files, sockets) are flagged for a human in the table and in
 ``grades.csv``, as is any manual score or extra credit in the gradebook.
 
+Because nbgrader's verdict comes from the kernel the student's code ran in,
+every exercise is checked out of that kernel too (``course_utils.tooling.verdict``):
+the instructor's test cells run in this process on the student's functions,
+which live in a second sandboxed process. An exercise scores the lower of the
+two, and a kernel that said more is flagged as possible tampering.
+
 Every notebook in ``notebooks/`` is one nbgrader assignment of the same name.
 """
 
@@ -271,7 +277,7 @@ def autograde(
             or the marks file names an unknown question or gives impossible points.
         sandbox.SandboxUnavailable: If bubblewrap is missing (student code never runs outside the sandbox).
     """
-    from course_utils.tooling import sandbox
+    from course_utils.tooling import sandbox, verdict  # torch, only when grading
 
     submissions = Path(submissions)
     if not submissions.is_dir():
@@ -315,10 +321,15 @@ def autograde(
         target.parent.mkdir(parents=True, exist_ok=True)
         graded_nb = assemble(submitted, released)
         nbformat.write(graded_nb, target)
+        judge = verdict.Judge(graded_nb, nbformat.read(course / "source" / stem / f"{stem}.ipynb", as_version=4),
+                              hide=hide, timeout=timeout)
+        judge.start()  # its child runs the notebook's context while nbgrader runs the kernel
         with _quiet():
             outcome = api.autograde(stem, student, force=True, create=True)
         log = outcome.get("log", "") + outcome.get("error", "")
         failure = re.search(r"SandboxFailure: (.*)", log)
+        if failure or not outcome["success"]:
+            judge.close()
         if failure:
             results.append(Result(student, stem, failed=failure.group(1).strip(), flags=flags))
         elif not outcome["success"]:
@@ -328,13 +339,14 @@ def autograde(
                                          f"{course / 'autograded' / student / stem}"))
         else:
             scores, gradebook_flags = _scores(course, stem, student, points[stem])
+            scores, verdict_flags = verdict.combine(scores, judge.run())  # the score cannot exceed the verdict's
             unmarked = []
             for q in asked[stem]:
                 if (student, stem, q.grade_id) in hand_marks:
                     scores[q.grade_id] = hand_marks[(student, stem, q.grade_id)]
                 else:
                     unmarked.append(q.grade_id)
-            results.append(Result(student, stem, scores=scores, flags=flags + gradebook_flags,
+            results.append(Result(student, stem, scores=scores, flags=flags + gradebook_flags + verdict_flags,
                                   written=written_questions.answers(graded_nb), unmarked=unmarked))
             with _quiet():  # the student's copy with a score and a comment under every graded cell
                 api.generate_feedback(stem, student, force=True)

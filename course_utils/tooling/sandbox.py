@@ -25,8 +25,8 @@ holds, and scores are computed by nbgrader outside the sandbox.
 What the sandbox does *not* do: it cannot tell whether the student's code
 tampered with its own kernel, for example by hiding the errors of the test
 cells that run after it. Autograding flags such code for a human (see
-``grading.static_flags``), but the verdict of a test cell still comes from
-the kernel the student's code ran in.
+``grading.static_flags``), and checks every exercise again out of that kernel
+(``course_utils.tooling.verdict``, whose child process runs in this sandbox).
 """
 
 from __future__ import annotations
