@@ -6,6 +6,34 @@ tests/test_checks.py requires the checkers to reject them with a message that
 names the bug. Every solution cell of every notebook must have an entry here.
 """
 
+# A right answer to notebook 01's exercise 3 (beam search), written as a learner might; the buggy answers below
+# change one thing in it.
+_BEAM = ("def beam_search(model, src, src_lengths, beam_size, max_len, sos_id=1, eos_id=2):\n"
+         "    answers, best = [], []\n"
+         "    with torch.no_grad():\n"
+         "        _, contexts = model.encoder(src, src_lengths)\n"
+         "        for context in contexts.split(1):\n"
+         "            state = model.decoder.initial_state(context)\n"
+         "            y, prefixes, scores = torch.tensor([sos_id]), torch.zeros(1, 0, dtype=torch.long), torch.zeros(1)\n"
+         "            finished = []\n"
+         "            for _ in range(max_len):\n"
+         "                logits, state = model.decoder.step(y, state, context.expand(len(y), -1))\n"
+         "                candidates = (scores[:, None] + logits.log_softmax(dim=-1)).flatten()\n"
+         "                kept = candidates.argsort(descending=True)[: beam_size - len(finished)]\n"
+         "                parent, y = kept // logits.shape[1], kept % logits.shape[1]\n"
+         "                prefixes = torch.cat([prefixes[parent], y[:, None]], dim=1)\n"
+         "                scores, state = candidates[kept], state[parent]\n"
+         "                ended = y == eos_id\n"
+         "                finished += list(zip(scores[ended], prefixes[ended]))\n"
+         "                y, prefixes, scores, state = y[~ended], prefixes[~ended], scores[~ended], state[~ended]\n"
+         "                if len(y) == 0:\n"
+         "                    break\n"
+         "            finished += list(zip(scores, prefixes))\n"
+         "            score, tokens = max(finished, key=lambda hypothesis: hypothesis[0].item())\n"
+         "            best.append(score)\n"
+         "            answers.append(tokens)\n"
+         "    return torch.nn.utils.rnn.pad_sequence(answers, batch_first=True), torch.stack(best)\n")
+
 BUGGY = {
     "00_orientation": {
         # True marks padding instead of real tokens
@@ -35,6 +63,8 @@ BUGGY = {
             "def sequence_exact_match(tokens, targets, pad_id=0):\n"
             "    return (tokens == targets).all(dim=1)\n"
         ),
+        # the search stops as soon as one hypothesis has written <eos>
+        "beam_search": _BEAM.replace("if len(y) == 0:", "if len(y) == 0 or finished:"),
     },
     "02_bahdanau_attention": {
         # tanh missing
@@ -358,6 +388,48 @@ NEW_KINDS = {
         ("calls the reference", "def sequence_exact_match(tokens, targets, pad_id=0):\n"
          "    from course_utils.experiments.training import sequence_exact_match as reference\n"
          "    return reference(tokens, targets)\n", "calls the course's reference"),
+    ],
+    "beam_search": [
+        ("greedy: a beam of one prefix", _BEAM.replace("[: beam_size - len(finished)]", "[:1]"),
+         "greedy decoding's answer"),
+        ("extensions ranked by the new token alone", _BEAM.replace(
+            "(scores[:, None] + logits.log_softmax(dim=-1)).flatten()", "logits.log_softmax(dim=-1).flatten()").replace(
+            "scores, state = candidates[kept], state[parent]", "scores, state = scores[parent] + candidates[kept], "
+            "state[parent]"), "new token's log-probability alone"),
+        ("the beam does not narrow", _BEAM.replace("[: beam_size - len(finished)]", "[: beam_size]").replace(
+            "if len(y) == 0:", "if len(y) == 0 or len(finished) >= beam_size:"), "narrows by one"),
+        ("the first hypothesis that finishes is the answer", _BEAM.replace(
+            "score, tokens = max(finished, key=lambda hypothesis: hypothesis[0].item())", "score, tokens = finished[0]"),
+         "first hypothesis that finished"),
+        ("prefixes cut at max_len left out", _BEAM.replace(
+            "finished += list(zip(scores, prefixes))", "finished = finished or list(zip(scores, prefixes))"),
+         "cut at max_len"),
+        ("the answer chosen by score per token", _BEAM.replace(
+            "hypothesis[0].item())", "hypothesis[0].item() / len(hypothesis[1]))"), "divided by their length"),
+        ("sums of logits", _BEAM.replace("logits.log_softmax(dim=-1)", "logits"), "sums of logits"),
+        ("products of probabilities", _BEAM.replace(
+            "(scores[:, None] + logits.log_softmax(dim=-1))", "(scores[:, None] * logits.softmax(dim=-1))").replace(
+            "torch.zeros(1)\n", "torch.ones(1)\n"), "probabilities, not log-probabilities"),
+        ("torch.topk, which fails when k > V", _BEAM.replace(
+            "candidates.argsort(descending=True)[: beam_size - len(finished)]",
+            "candidates.topk(beam_size - len(finished)).indices"), "fewer than k if k > V"),
+        ("<sos> kept in the answer", _BEAM.replace("torch.zeros(1, 0, dtype=torch.long)", "torch.ones(1, 1, dtype=torch.long)"),
+         "starts with <sos>"),
+        ("<eos> dropped from the answer", _BEAM.replace("answers.append(tokens)", "answers.append(tokens[tokens != eos_id])"),
+         "lost its <eos>"),
+        ("padded with <eos>", _BEAM.replace("batch_first=True)", "batch_first=True, padding_value=2)"),
+         "goes on after its <eos>"),
+        ("the scores of the whole beam", _BEAM.replace("torch.stack(best)", "torch.stack(best)[:, None]"),
+         "2 dimensions instead of 1"),
+        ("a squeeze that breaks at B = 1", _BEAM.replace("torch.stack(best)", "torch.stack(best).squeeze()"), "B = 1"),
+        ("the first source's context for every source", _BEAM.replace(
+            "context.expand(len(y), -1)", "contexts[:1].expand(len(y), -1)"), "not the sums of the log-probabilities"),
+        ("a weight changed in place", _BEAM.replace(
+            "    answers, best = [], []\n", "    answers, best = [], []\n    model.decoder.out.bias.data[3] += 1.0\n"),
+         "do not write"),
+        ("calls the reference", "def beam_search(model, src, src_lengths, beam_size, max_len, sos_id=1, eos_id=2):\n"
+         "    from course_utils.blocks.decoding import beam_search as search\n"
+         "    return search(model, src, src_lengths, beam_size, max_len)\n", "calls the course's reference"),
     ],
     "additive_scores": [
         (".data", "def additive_scores(q_proj, k_proj, v_a):\n"

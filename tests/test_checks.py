@@ -687,7 +687,7 @@ import sys  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from course_utils import checks  # noqa: E402
-from course_utils.blocks import gpt, multihead, positional, transformer  # noqa: E402
+from course_utils.blocks import decoding, gpt, multihead, positional, transformer  # noqa: E402
 from course_utils.experiments import efficiency  # noqa: E402
 
 STEM = dict((grade_id, stem) for stem, grade_id in exercises())
@@ -720,6 +720,7 @@ REFERENCES = {
     "masked_softmax": attention.masked_softmax,
     "final_states": seq2seq.final_states,
     "sequence_exact_match": training.sequence_exact_match,
+    "beam_search": decoding.beam_search,
     "additive_scores": scorers.additive_scores,
     "attend": scorers.attend,
     "bilinear_scores": scorers.bilinear_scores,
@@ -774,6 +775,30 @@ def test_the_reference_guard_leaves_a_running_profiler_alone(capsys):
     finally:
         sys.setprofile(None)
     assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+def test_the_reference_guard_sees_through_decorators():
+    """Every ``@torch.no_grad()`` wrapper shares one code object: the guard must compare the wrapped functions."""
+    from course_utils.checks.core import describe, reference_guard
+    from course_utils.checks.core import call as guarded_call
+
+    @torch.no_grad()
+    def reference(x):
+        return 2 * x
+
+    @torch.no_grad()
+    def answer(x):
+        return x + x
+
+    with reference_guard(answer, reference):  # a decorated answer is not "the reference itself"
+        guarded_call(answer, torch.ones(2))
+    with pytest.raises(CheckError, match="itself, not your function"):
+        with reference_guard(torch.no_grad()(reference.__wrapped__), reference):
+            pass
+    with pytest.raises(CheckError, match="calls the course's reference"):
+        with reference_guard(lambda x: reference(x), reference):
+            guarded_call(lambda x: reference(x), torch.ones(2))
+    assert describe(torch.nn.Linear(2, 3)) == "a Linear module"  # one line, not the module's repr
 
 
 # --- notebook 02, exercise 4: Luong's decoder step -------------------------------------------------
@@ -1162,3 +1187,111 @@ def test_check_saturation_width_leaves_the_global_random_state_alone():
     before = torch.random.get_rng_state()
     check_saturation_width(notebook_solution("04_scaling", "saturation_width"))
     assert torch.equal(torch.random.get_rng_state(), before)
+
+
+# --- notebook 01, exercise 3: beam search ------------------------------------------------------------------
+
+import copy  # noqa: E402
+import functools  # noqa: E402
+
+from course_utils.checks import bottleneck, check_beam_search  # noqa: E402
+
+
+def _beam_search_written_otherwise(model, src, src_lengths, beam_size, max_len, sos_id=1, eos_id=2, noise=0.0):
+    """A right answer written another way: lists of hypotheses, one decoder call per prefix, log(softmax) and
+    torch.topk (whose order of ties is its own). ``noise`` first moves every weight of a copy of the model by about
+    that much, as other hardware's arithmetic might."""
+    if noise:
+        model = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(noise * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    answers, best = [], []
+    with torch.no_grad():
+        _, contexts = model.encoder(src, src_lengths)
+        for b in range(src.shape[0]):
+            context = contexts[b:b + 1]
+            beam, finished = [([], 0.0, model.decoder.initial_state(context))], []
+            for _ in range(max_len):
+                candidates = []
+                for tokens, score, state in beam:
+                    logits, new_state = model.decoder.step(torch.tensor([tokens[-1] if tokens else sos_id]), state,
+                                                           context)
+                    log_p = torch.log(torch.softmax(logits[0], dim=-1))
+                    candidates += [(tokens + [y], score + log_p[y], new_state) for y in range(len(log_p))]
+                width = min(beam_size - len(finished), len(candidates))
+                order = torch.topk(torch.stack([torch.as_tensor(c[1]) for c in candidates]), width).indices
+                beam = []
+                for i in order.tolist():
+                    (finished if candidates[i][0][-1] == eos_id else beam).append(candidates[i])
+                if not beam:
+                    break
+            tokens, score, _ = max(finished + beam, key=lambda c: float(c[1]))
+            answers.append(torch.tensor(tokens))
+            best.append(torch.as_tensor(score))
+    return torch.nn.utils.rnn.pad_sequence(answers, batch_first=True), torch.stack(best)
+
+
+NOTEBOOK_01_BEAM_CALLS = [{}, {"seed": 1, "B": 2, "S": 7, "V": 9, "k": 4, "max_len": 8},
+                          {"seed": 2, "B": 5, "S": 3, "V": 6, "k": 2, "max_len": 5}]  # the notebook's test cell
+
+
+@pytest.mark.parametrize("noise", [0.0, 1e-6])
+@pytest.mark.parametrize("kwargs", NOTEBOOK_01_BEAM_CALLS + [{"seed": 3}, {"seed": 4, "B": 1, "k": 6}])
+def test_check_beam_search_accepts_a_right_answer_written_otherwise(kwargs, noise, capsys):
+    """Other code, other tie-breaking and weights a millionth off pass: no case of the checker hangs on a near-tie."""
+    answer = functools.partial(_beam_search_written_otherwise, noise=noise)
+    answer.__name__ = "beam_search"
+    check_beam_search(answer, **kwargs)
+    assert capsys.readouterr().out.count("all checks passed") == 1
+
+
+def test_each_mistake_the_beam_search_checker_names_changes_an_answer_it_checks():
+    """On the designed models, the checker's own search (written apart from the reference) gives the reference's
+    answers, and each mistake it can name changes at least one of them: a learner who makes it is told."""
+    src, lengths = torch.tensor([[3, 4, 5]]), torch.tensor([3])
+    changed = set()
+    for _, table, k, max_len in bottleneck._DESIGNED:
+        model = bottleneck._markov_model(table)
+        tokens, _ = decoding.beam_search(model, src, lengths, k, max_len)
+        assert bottleneck._search(model, src, lengths, k, max_len) == bottleneck._rows(tokens)
+        changed |= {change for change in bottleneck._MISTAKES
+                    if bottleneck._search(model, src, lengths, k, max_len, change) != bottleneck._rows(tokens)}
+    assert changed == set(bottleneck._MISTAKES)
+
+
+def test_a_designed_model_is_the_markov_chain_of_its_table():
+    table = {1: {3: 0.6, 2: 0.3}, 3: {4: 0.9}}
+    model = bottleneck._markov_model(table)
+    y = torch.tensor([1, 3, 3])
+    state = model.decoder.initial_state(torch.zeros(3, 4))
+    logits, new_state = model.decoder.step(y, state, torch.zeros(3, 4))
+    probs = logits.softmax(-1)
+    torch.testing.assert_close(probs[0, [2, 3]], torch.tensor([0.3, 0.6]))
+    torch.testing.assert_close(probs[1, 4], torch.tensor(0.9))
+    torch.testing.assert_close(probs[0, 4:], torch.full((4,), 0.1 / 4))  # the 4 tokens not given share 0.1
+    assert probs[:, :2].max() < 1e-12 and torch.equal(new_state, state)
+
+
+def test_check_beam_search_leaves_the_global_random_state_alone():
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    check_beam_search(notebook_solution("01_seq2seq_bottleneck", "beam_search"))
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_check_beam_search_accepts_either_of_two_tied_answers(capsys):
+    """On the models with two interchangeable tokens, an answer with the one token or the other passes."""
+    swapped = []
+
+    def beam_search(model, src, src_lengths, beam_size, max_len):
+        tokens, scores = _beam_search_written_otherwise(model, src, src_lengths, beam_size, max_len)
+        weights, bias = model.decoder.out.weight, model.decoder.out.bias
+        if torch.equal(weights[3], weights[4]) and bias[3] == bias[4]:  # tokens 3 and 4 are interchangeable
+            swapped.append(tokens.clone())
+            tokens = torch.where(tokens == 3, 4, torch.where(tokens == 4, 3, tokens))
+        return tokens, scores
+
+    check_beam_search(beam_search)
+    assert len(swapped) == 2 and all(((t == 3) | (t == 4)).any() for t in swapped), "both tie cases were answered"
+    assert capsys.readouterr().out.count("all checks passed") == 1

@@ -100,7 +100,9 @@ def validate_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         torch.broadcast_shapes(mask.shape, (*batch, T, S))
     except RuntimeError:
         raise InputError(f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
-                         f"{(*batch, T, S)} (..., T, S): a padding mask is (B, 1, S), a causal mask (T, S)") from None
+                         f"{(*batch, T, S)} (..., T, S): a padding mask is (B, 1, S) for (B, T, S) scores and "
+                         "(B, 1, 1, S) for (B, H, T, S) scores (an axis of size 1 for the heads); a causal mask "
+                         "is (T, S) for both") from None
 
 
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -41,6 +41,7 @@ from course_utils.checks.bahdanau import (
     check_luong_step,
 )
 from course_utils.checks.bottleneck import (
+    check_beam_search,
     check_final_states,
     check_sequence_exact_match,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "call",
     "check_additive_scores",
     "check_attend_with_cache",
+    "check_beam_search",
     "check_apply_rotary",
     "check_attention_entropy",
     "check_attention_scale",

@@ -19,6 +19,8 @@ def check_additive_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor
 
     With ``B == S`` a query that is not broadcast over the source positions
     runs without error and gives wrong numbers; the check recognises that too.
+    A function that raises is run once more with ``S == A``: if it runs then,
+    its product with v_a most likely contracts S instead of A.
     The messages name the bug in words and never show the indexing or the
     operator that fixes it. Forward and backward, at the sizes asked for, then
     at B = 1, S = 1 and sizes that all differ.
@@ -41,13 +43,17 @@ def _additive_scores_once(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor
     k_proj = torch.randn(B, S, A, generator=g)
     v_a = torch.randn(A, generator=g)
     inputs = (q_proj, k_proj, v_a)
-    copies = tuple(t.clone() for t in inputs)
-    got = call(fn, *inputs, name="additive_scores", expected=f"scores of shape (B, S) = {(B, S)}",
-               error_hint="q_proj (B, A) holds one projected query per sequence, and each one must meet every "
-                          "source position of its own sequence in k_proj (B, S, A)")
-    if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
-        raise CheckError("additive_scores changed an input in place, so use out-of-place operations")
-    expected = scorers.additive_scores(q_proj, k_proj, v_a)
+    try:
+        got, expected = _run_scorer(fn, scorers.additive_scores, inputs, B, S, error_hint=_QUERY_PER_SEQUENCE)
+    except CheckError as err:
+        # Does it run when S = A (and B does not equal either)? Then an axis of length S met one of length A.
+        square = (torch.randn(A + 1, A, generator=g), torch.randn(A + 1, A, A, generator=g), v_a)
+        try:
+            call(fn, *square, name="additive_scores")
+        except CheckError:
+            raise err from None
+        _run_scorer(fn, scorers.additive_scores, inputs, B, S, error_hint=_V_A_OVER_S)  # the same error, its cause
+        raise
     suspects = {
         "the tanh is missing. Without it the score is linear, v_a^T W_q s + v_a^T W_k h_j, and the query term "
         "is the same for every position, so it cannot change which source position wins":
@@ -64,10 +70,31 @@ def _additive_scores_once(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor
         (B, S, A): "the A axis is still there, so the hidden layer was not reduced with v_a",
         (B, S, 1): "one size-1 axis too many at the end",
     }
+    if S == A:  # then a product with v_a that runs over S instead of A raises nothing
+        hints[(B, 1, A)] = _V_A_OVER_S
     check_close(got, expected, name="scores", shape="B S", dims={"B": B, "S": S}, hints=hints, suspects=suspects,
                 hint="work out one score by hand, for one sequence and one source position, and compare")
     check_gradients(fn, inputs, scorers.additive_scores, name="additive_scores",
                     wrt={0: "q_proj", 1: "k_proj", 2: "v_a"}, what="the scores", seed=seed)
+
+
+_QUERY_PER_SEQUENCE = ("q_proj (B, A) holds one projected query per sequence, and each one must meet every source "
+                       "position of its own sequence in k_proj (B, S, A)")
+_V_A_OVER_S = ("it runs when S = A, so an axis of length S meets one of length A: did the product with v_a run over "
+               "the source positions (S) instead of the hidden units (A)? v_a (A,) weighs the A hidden units of each "
+               "position, the last axis of the hidden layer (B, S, A)")
+
+
+def _run_scorer(fn: Callable[..., Any], reference: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...],
+                B: int, S: int, error_hint: str) -> tuple[Any, torch.Tensor]:
+    """The learner's scores and the reference's, after making sure the learner left its inputs as they were."""
+    __tracebackhide__ = True  # noqa: F841
+    name = reference.__name__
+    copies = tuple(t.clone() for t in inputs)
+    got = call(fn, *inputs, name=name, expected=f"scores of shape (B, S) = {(B, S)}", error_hint=error_hint)
+    if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
+        raise CheckError(f"{name} changed an input in place, so use out-of-place operations")
+    return got, reference(*inputs)
 
 
 def check_attend(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0,
@@ -116,60 +143,71 @@ def _attend_once(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], 
         "padding was not masked, so padded source positions get weight": torch.softmax(scores, dim=-1),
         "the mask is inverted (True marks the real tokens, the ones that may be attended to)":
             attention.masked_softmax(scores, ~mask),
+        "the softmax ran over every position, padding included, and the padded weights were then set to 0: the "
+        "weights of the real positions no longer sum to 1. The padding must be left out before the softmax, not after":
+            torch.softmax(scores, dim=-1) * mask,
     }
     check_close(weights, expected_weights, name="weights", shape="B S", dims={"B": B, "S": S},
                 suspects=weight_suspects, hint="each row should be a softmax over its real (mask True) source positions")
+    over_features = ("each weight was multiplied into its value and the product summed over the Dk features of each "
+                     "value: that gives one number per source position. The context is a sum over the source "
+                     "positions (the S axis), one vector of Dk features per sequence")
     context_suspects = {
         "the context sums the values without the weights": values.sum(1),
         "the context averages the values uniformly instead of weighting them by the attention weights": values.mean(1),
     }
+    if S == Dk:  # then the sum over the features has the context's shape
+        context_suspects[over_features] = (expected_weights[:, :, None] * values).sum(-1)
+    hints = {  # a later key wins where two shapes coincide (B = S, or B = 1)
+        (B, B, Dk): "every sequence's weights met every sequence's values: a matrix product of the (B, S) weights "
+                    "with the (B, S, Dk) values gives the weights of all B sequences for each sequence's values. "
+                    "Sequence b's weights must meet only sequence b's values",
+        (B, S): over_features,
+        (B, S, Dk): "the weighted values were not yet summed over the source positions (the S axis)",
+        (B, 1, Dk): "one size-1 axis too many in the middle",
+    }
     check_close(context, expected_context, name="context", shape="B Dk", dims={"B": B, "Dk": Dk},
-                suspects=context_suspects,
-                hints={(B, S, Dk): "the weighted values were not yet summed over the source positions (the S axis)",
-                       (B, 1, Dk): "one size-1 axis too many in the middle"},
+                suspects=context_suspects, hints=hints,
                 hint="the context of a sequence is its values weighted by that sequence's attention weights, summed")
 
-    def pair(label: str, scores_: torch.Tensor, mask_: torch.Tensor | None) -> tuple[Any, Any]:
+    def compare(label: str, scores_: torch.Tensor, mask_: torch.Tensor | None, weights_hint: str, context_hint: str,
+                not_finite: tuple[Any, str] | None = None) -> None:
+        """Call attend on other inputs and compare; ``not_finite``: (where NaN or inf is looked for, the message)."""
+        __tracebackhide__ = True  # noqa: F841
         got_ = call(fn, scores_, values, mask_, name="attend",
                     expected=f"a tuple (context (B, Dk) = {(B, Dk)}, weights (B, S) = {(B, S)}) {label}",
                     error_hint="mask may be None, which means no padding: every source position is real"
                     if mask_ is None else "")
         if not isinstance(got_, tuple) or len(got_) != 2:
             raise CheckError(f"{label}: expected attend to return a tuple (context, weights), got {describe(got_)}")
-        return got_
+        context, weights = got_
+        want_context, want_weights = scorers.attend(scores_, values, mask_)
+        if (not_finite is not None and isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, S)
+                and not torch.isfinite(weights[not_finite[0]]).all()):
+            raise CheckError(not_finite[1])
+        check_close(weights, want_weights, name=f"weights {label}", shape="B S", dims={"B": B, "S": S},
+                    hint=weights_hint)
+        check_close(context, want_context, name=f"context {label}", shape="B Dk", dims={"B": B, "Dk": Dk},
+                    hint=context_hint)
 
     # A sequence with no real position (every key masked): zero weights and a zero context, not NaN.
     empty = mask.clone()
     empty[0] = False
-    context, weights = pair("with a row that has no real position", scores, empty)
-    want_context, want_weights = scorers.attend(scores, values, empty)
-    if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, S) and torch.isnan(weights[0]).any():
-        raise CheckError("the weights of a row with no real position (every source position masked) are NaN: a "
-                         "softmax over a row with nothing left to weigh is 0/0. Such a row must get zero weights, and "
-                         "so a zero context")
-    check_close(weights, want_weights, name="weights of a row with no real position", shape="B S",
-                dims={"B": B, "S": S}, hint="a row whose mask is all False gets zero weights, the other rows as before")
-    check_close(context, want_context, name="context of a row with no real position", shape="B Dk",
-                dims={"B": B, "Dk": Dk}, hint="zero weights give a zero context")
-    # mask=None: no padding at all.
-    context, weights = pair("with mask=None", scores, None)
-    want_context, want_weights = scorers.attend(scores, values, None)
-    check_close(weights, want_weights, name="weights with mask=None", shape="B S", dims={"B": B, "S": S},
-                hint="mask=None means no padding: every source position may be attended to")
-    check_close(context, want_context, name="context with mask=None", shape="B Dk", dims={"B": B, "Dk": Dk},
-                hint="mask=None means no padding: every source position may be attended to")
+    compare("for a row with no real position", scores, empty,
+            "a row whose mask is all False gets zero weights, the other rows as before",
+            "zero weights give a zero context",
+            not_finite=(0, "the weights of a row with no real position (every source position masked) are NaN: a "
+                           "softmax over a row with nothing left to weigh is 0/0. Such a row must get zero weights, "
+                           "and so a zero context"))
+    no_padding = "mask=None means no padding: every source position may be attended to"
+    compare("with mask=None", scores, None, no_padding, no_padding)
     # Scores of about ±1e4: exp overflows float32 above about 88 unless each row's maximum is subtracted first.
-    big = 1e4 * torch.randn(B, S, generator=g)
-    context, weights = pair("for large scores (about ±1e4)", big, mask)
-    want_context, want_weights = scorers.attend(big, values, mask)
-    if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, S) and not torch.isfinite(weights).all():
-        raise CheckError("the weights are NaN or inf for large scores (about ±1e4): exp overflows float32 above "
-                         "about 88. Subtract each row's largest score before exp (torch.softmax does), which leaves "
-                         "the weights unchanged")
-    check_close(weights, want_weights, name="weights for large scores (about ±1e4)", shape="B S",
-                dims={"B": B, "S": S}, hint="the weights must depend only on the differences between the scores")
-    check_close(context, want_context, name="context for large scores (about ±1e4)", shape="B Dk",
-                dims={"B": B, "Dk": Dk}, hint="the context is the values weighted by the weights, summed")
+    compare("for large scores (about ±1e4)", 1e4 * torch.randn(B, S, generator=g), mask,
+            "the weights must depend only on the differences between the scores",
+            "the context is the values weighted by the weights, summed",
+            not_finite=(..., "the weights are NaN or inf for large scores (about ±1e4): exp overflows float32 above "
+                             "about 88. Subtract each row's largest score before exp (torch.softmax does), which "
+                             "leaves the weights unchanged"))
     check_gradients(fn, inputs, scorers.attend, name="attend", wrt={0: "scores", 1: "values"},
                     what="the context and the weights", seed=seed)
 
@@ -200,13 +238,9 @@ def _bilinear_scores_once(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor
     keys = torch.randn(B, S, Dk, generator=g)
     W = torch.randn(R, Dk, generator=g)
     inputs = (query, keys, W)
-    copies = tuple(t.clone() for t in inputs)
-    got = call(fn, *inputs, name="bilinear_scores", expected=f"scores of shape (B, S) = {(B, S)}",
-               error_hint="the query is (B, R), W is (R, Dk) and the keys are (B, S, Dk); check which axes each "
-                          "of your products contracts")
-    if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
-        raise CheckError("bilinear_scores changed an input in place, so use out-of-place operations")
-    expected = scorers.bilinear_scores(query, keys, W)
+    got, expected = _run_scorer(fn, scorers.bilinear_scores, inputs, B, S,
+                                error_hint="the query is (B, R), W is (R, Dk) and the keys are (B, S, Dk); check "
+                                           "which axes each of your products contracts")
     suspects = {}
     if R == Dk:
         suspects["W is transposed (in s^T W h_j the query meets the rows of W, the keys its columns)"] = (

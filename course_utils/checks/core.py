@@ -3,6 +3,7 @@ function, and messages that name the likely bug."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -22,6 +23,8 @@ def describe(x: Any) -> str:
         return "None"
     if isinstance(x, torch.Tensor):
         return f"a tensor of shape {tuple(x.shape)} and dtype {x.dtype}"
+    if isinstance(x, torch.nn.Module):
+        return f"a {type(x).__name__} module"
     shape = getattr(x, "shape", None)
     if shape is not None:
         return f"a {type(x).__module__.split('.')[0]} {type(x).__name__} of shape {tuple(shape)}"
@@ -230,7 +233,10 @@ class _Guard:
         # by identity: two code objects compiled from the same text compare equal, and a learner's own copy
         # of the reference's code is the learner's function, not a call of the reference. A Python function
         # is recognised by its code object (a "call" event), a built-in by itself (a "c_call" event).
-        self.watched = {id(getattr(f, "__code__", f)): (getattr(f, "__code__", f), m) for f, m in messages.items()}
+        # A decorated function (``@torch.no_grad()``, ``functools.wraps``) is watched by the code it wraps: every
+        # wrapper made by one decorator shares that decorator's code object.
+        codes = {f: getattr(inspect.unwrap(f), "__code__", f) for f in messages}
+        self.watched = {id(code): (code, messages[f]) for f, code in codes.items()}
         self.seen: list[str] = []
 
     @contextmanager
@@ -288,7 +294,7 @@ def reference_guard(fn: Any, *references: Callable[..., Any],
     for reference in references:
         messages[reference] = (f"your function calls the course's reference `{_dotted(reference)}`; "
                                "write it yourself from the formula")
-        if fn is reference or getattr(fn, "__code__", None) is reference.__code__:
+        if fn is reference or getattr(inspect.unwrap(fn), "__code__", None) is inspect.unwrap(reference).__code__:
             raise CheckError(f"this is the course's reference `{_dotted(reference)}` itself, not your function: "
                              "write it yourself from the formula")
     messages.update(ruled_out or {})

@@ -25,11 +25,20 @@ def check_split_heads(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B: 
             the head shape, which scrambles tokens across heads.
     """
     __tracebackhide__ = True  # noqa: F841
-    with reference_guard(fn, multihead.split_heads):
-        sweep(lambda B, T, H, Dh: _split_heads_once(fn, seed, B, T, H, Dh),
-              shape_cases({"B": B, "T": T, "H": H, "Dh": Dh}, ones=("B", "T", "H"),
-                          distinct={"B": 2, "T": 3, "H": 4, "Dh": 5}))
-    passed("split_heads")
+    _check_heads(fn, multihead.split_heads, _split_heads_once, seed, {"B": B, "T": T, "H": H, "Dh": Dh})
+
+
+def _check_heads(fn: Callable[..., Any], reference: Callable[..., Any], once: Callable[..., None], seed: int,
+                 dims: dict[str, int]) -> None:
+    """Run ``once(fn, seed, **sizes)`` at the sizes asked for, then with B, T and H each set to 1, then at sizes
+    that all differ; ``fn`` must not be or call ``reference``."""
+    __tracebackhide__ = True  # noqa: F841
+    distinct = {"B": 2, "T": 3, "H": 4, "Dh": 5}
+    with reference_guard(fn, reference):
+        sweep(lambda **sizes: once(fn, seed, **sizes),
+              shape_cases(dims, ones=tuple(letter for letter in dims if letter != "Dh"),
+                          distinct={letter: distinct[letter] for letter in dims}))
+    passed(reference.__name__)
 
 
 def _split_heads_once(fn: Callable[[torch.Tensor, int], Any], seed: int, B: int, T: int, H: int, Dh: int) -> None:
@@ -76,11 +85,7 @@ def check_merge_heads(fn: Callable[[torch.Tensor], Any], seed: int = 0, B: int =
         CheckError: Naming the likely bug, in particular a reshape without the transpose back.
     """
     __tracebackhide__ = True  # noqa: F841
-    with reference_guard(fn, multihead.merge_heads):
-        sweep(lambda B, H, T, Dh: _merge_heads_once(fn, seed, B, H, T, Dh),
-              shape_cases({"B": B, "H": H, "T": T, "Dh": Dh}, ones=("B", "H", "T"),
-                          distinct={"B": 2, "H": 4, "T": 3, "Dh": 5}))
-    passed("merge_heads")
+    _check_heads(fn, multihead.merge_heads, _merge_heads_once, seed, {"B": B, "H": H, "T": T, "Dh": Dh})
 
 
 def _merge_heads_once(fn: Callable[[torch.Tensor], Any], seed: int, B: int, H: int, T: int, Dh: int) -> None:
@@ -129,6 +134,19 @@ def _mha_variant(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pr
     return (merged if no_out_proj else out_proj(merged)), weights
 
 
+_LENGTHS = ("key and value may be longer than query (S != T): take their length from their own shape, not from "
+            "query's; the mask may have any shape that broadcasts to (B, H, T, S)")
+
+
+def _runs(attempt: Callable[[], Any]) -> bool:
+    """Whether a call of the learner's function returns without a ``CheckError``."""
+    try:
+        attempt()
+    except CheckError:
+        return False
+    return True
+
+
 def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2, T: int = 3, S: int = 4,
                                D: int = 12, H: int = 3) -> None:
     """Check a learner's ``multi_head_attention(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads, mask)``.
@@ -144,7 +162,9 @@ def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2
     Raises:
         CheckError: Naming the likely bug: the wrong split, a merge without
             the transpose, a scale by sqrt(D) instead of sqrt(Dh), a missing
-            output projection, averaged weights, key used as value.
+            output projection, averaged weights, key used as value, a head
+            axis added to a mask that has one (recognised by running once
+            more with the mask's head axis taken away).
     """
     __tracebackhide__ = True  # noqa: F841
     with reference_guard(fn, multihead.multi_head_attention, multihead.MultiHeadAttention.forward):
@@ -177,12 +197,21 @@ def _mha_once(fn: Callable[..., Any], seed: int, B: int, T: int, S: int, D: int,
                                               ("cross-attention with a padding mask", (x, memory, value, pad))] + [
             (label, (x, memory, value, m)) for label, m in mask_cases]:
         Tq, Sk = query.shape[1], key.shape[1]
+
+        def run(mask_: torch.Tensor | None, error_hint: str = _LENGTHS) -> Any:
+            return call(fn, query, key, value_, *projections, H, mask_, name="multi_head_attention",
+                        expected=f"a tuple (out (B, T, D) = {(B, Tq, D)}, weights (B, H, T, S) = {(B, H, Tq, Sk)})",
+                        error_hint=error_hint)
+
         with torch.no_grad():
-            got = call(fn, query, key, value_, *projections, H, mask, name="multi_head_attention",
-                       expected=f"a tuple (out (B, T, D) = {(B, Tq, D)}, weights (B, H, T, S) = {(B, H, Tq, Sk)})",
-                       error_hint="key and value may be longer than query (S != T): take their length from their "
-                                  "own shape, not from query's; the mask may have any shape that broadcasts to "
-                                  "(B, H, T, S)")
+            try:
+                got = run(mask)
+            except CheckError:
+                if mask is not None and mask.dim() == 4 and mask.shape[1] == 1 and _runs(lambda: run(mask[:, 0])):
+                    run(mask, f"it runs when the mask's head axis is taken away: the mask handed in, "
+                              f"{tuple(mask.shape)}, already has its head axis and broadcasts to the (B, H, T, S) "
+                              "scores as it is; one more axis makes the scores 5-D")  # the same error, its cause
+                raise
             expected_out, expected_weights = multihead.multi_head_attention(query, key, value_, *projections, H, mask)
             variants = {
                 "the heads were split with a view straight to (B, H, T, Dh), which scrambles tokens across heads "

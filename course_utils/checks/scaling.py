@@ -33,7 +33,10 @@ def check_attention_entropy(fn: Callable[[torch.Tensor], Any], seed: int = 0, B:
     The weights include one-hot rows and zeros (masked keys), where 0 · log 0
     must count as 0, in the forward pass and in the backward pass: the
     gradient with respect to the weights must be finite everywhere (a NaN at
-    a masked key would spread through the softmax to every score). Tried on
+    a masked key would spread through the softmax to every score). As the
+    rows sum to 1, the gradient is compared up to a constant in each row, which
+    no loss sees through the softmax that made the weights: an entropy that
+    renormalises (``torch.distributions.Categorical``) is right. Tried on
     (B, T, S) weights at the sizes asked for, at B = 1, T = 1 and sizes that
     all differ, and on (B, H, T, S) weights with a head axis.
 
@@ -85,8 +88,13 @@ def _entropy_once(fn: Callable[[torch.Tensor], Any], seed: int, lead: tuple[int,
     check_close(got, expected, name="entropies", shape=" ".join(letters + ("T",)), dims=dims, hints=hints,
                 suspects=suspects, hint="it is none of the usual mistakes: compare each term with the exercise's formula, and check "
                      "what the masked keys (weight 0) contribute")
-    check_gradients(fn, (weights,), attention.attention_entropy, name="attention_entropy", wrt={0: "the weights"},
-                    what="the entropies", seed=seed, compare_where={0: weights > 0},
+    # The weights sum to 1, so only the gradient along that constraint matters: a gradient that differs by a
+    # constant in each row (torch.distributions.Categorical renormalises the weights, which gives one) is the same
+    # gradient for the softmax, or any normalisation, that made the weights. Normalising the rows inside both
+    # functions compares the gradients up to that constant; a NaN or inf still spreads to every entry of its row.
+    check_gradients(lambda w: fn(w / w.sum(dim=-1, keepdim=True)), (weights,),
+                    lambda w: attention.attention_entropy(w / w.sum(dim=-1, keepdim=True)), name="attention_entropy",
+                    wrt={0: "the weights"}, what="the entropies", seed=seed, compare_where={0: weights > 0},
                     not_finite=" at the weights that are exactly 0: the backward pass still goes through "
                                "log 0 = -inf there (and 0 · -inf = NaN), even where the forward pass counted "
                                "the term as 0. Through the softmax, a NaN at one masked key reaches every score")
@@ -134,7 +142,17 @@ def _scaled_scores_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: i
         "the scores were multiplied by sqrt(Dh) instead of divided by it": raw * Dh**0.5,
         f"the scores were scaled by the number of heads, H = {H}: it does not enter a head's dot product": raw / H**0.5,
         f"the scores were scaled by the number of queries, T = {T}: it does not enter a dot product": raw / T**0.5,
+        f"the scores were scaled by the number of keys, S = {S}: a dot product sums over the features of one query "
+        "and one key (the last axis of q and k), not over the keys": raw / S**0.5,
+        f"the scores were scaled by the batch size, B = {B}: it does not enter a dot product": raw / B**0.5,
     }
+    if isinstance(got, torch.Tensor) and got.shape == raw.shape and got.dtype == raw.dtype:
+        factor = ((got.detach() * raw).sum() / (raw * raw).sum()).item()  # the best single factor: got = factor * raw?
+        if factor > 0:
+            divisor = factor**-2
+            suspects[f"the scores are q k^T scaled by 1/sqrt({divisor:.3g}), and {divisor:.3g} is none of the sizes "
+                     "of q and k here (B, H, T, S, Dh): a fixed number? The scale depends on the width of one head's "
+                     "queries and keys, the last axis of q and k, which changes from call to call"] = factor * raw
     hints = {
         (B, H, S, T): "keys by queries: did you compute k @ q^T? Queries index the rows of the scores",
         (B, H, T, Dh): "that is the shape of q: the dot product sums over Dh",

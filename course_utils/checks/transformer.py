@@ -258,6 +258,8 @@ def _decoder_variant(layer: Any, x: torch.Tensor, memory: torch.Tensor, memory_m
     T = x.shape[1]
     self_mask = {"yes": masks.causal_mask(T), "no": None, "flipped": ~masks.causal_mask(T)}[causal]
     cross_mask = None if memory_mask is None or pad == "no" else memory_mask[:, None]  # (B, 1, 1, S)
+    if memory_mask is not None and pad == "no head axis":
+        cross_mask = memory_mask  # (B, 1, S), read as (1, B, 1, S): it broadcasts only if B = H (or B = 1)
     if cross_mask is not None and pad == "flipped":
         cross_mask = ~cross_mask
 
@@ -316,6 +318,10 @@ def _decoder_suspects(layer: Any, x: torch.Tensor, memory: torch.Tensor,
         "the attention's output projection (out_proj) is missing": dict(out_proj=False),
         "this layer's activation is GELU (activation='gelu'), not ReLU": dict(relu=True),
     }
+    if memory_mask is not None and x.shape[0] == layer.self_attn.num_heads > 1:  # else it raises, or is right (B = 1)
+        mistakes["memory_mask was used without a head axis. (B, 1, S) is the shape for (B, T, S) scores; against the "
+                 "cross-attention's (B, H, T, S) scores its batch axis lines up with the heads (it runs only because "
+                 "B = H here), so head h reads the padding of sequence h"] = dict(pad="no head axis")
     with torch.no_grad():
         return {mistake: _decoder_variant(layer, x, memory, memory_mask, **change)
                 for mistake, change in mistakes.items()}
@@ -334,6 +340,9 @@ def _decoder_layer_once(fn: Callable[..., Any], seed: int, B: int, T: int, S: in
     expected_shape = f"a (B, T, D) = {(B, T, D)} tensor"
     error_hint = ("state maps names such as 'self_attn.in_proj_weight' to tensors (print its keys and shapes); memory "
                   "has its own length S, which need not be T")
+    mask_hint = ("it runs without a mask and fails with one. memory_mask is (B, 1, S), the shape for (B, T, S) scores, "
+                 "but the cross-attention's scores are (B, H, T, S); and memory has its own length S, which need not "
+                 "be T")  # a call with the mask comes after the same layer ran right without it
     for description, norm_first, activation in _LAYERS:
         layer = _random_layer(seed, g, D, H, norm_first, activation)
         saved = {name: t.clone() for name, t in layer.state_dict().items()}
@@ -342,7 +351,8 @@ def _decoder_layer_once(fn: Callable[..., Any], seed: int, B: int, T: int, S: in
             copies = tuple(t.clone() for t in inputs)
             with torch.no_grad():
                 got = call(fn, layer.state_dict(), x, memory, mask, H, norm_first, activation,
-                           name="decoder_layer_forward", expected=expected_shape, error_hint=error_hint)
+                           name="decoder_layer_forward", expected=expected_shape,
+                           error_hint=error_hint if mask is None else mask_hint)
                 expected = _torch_decoder(layer, x, memory, mask)
             if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
                 raise CheckError("decoder_layer_forward changed x, memory or memory_mask in place: use operations that "
