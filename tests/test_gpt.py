@@ -1,4 +1,5 @@
-"""Notebook 09: the small GPT, its KV cache and grouped-query attention, the corpus, the training helpers, the checkers."""
+"""Notebook 09: the small GPT, its KV cache and grouped-query attention, the corpus, the training helpers,
+the attention patterns read for induction heads, the checkers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from course_utils.blocks import gpt, masks, transformer
+from course_utils.blocks.multihead import merge_heads, split_heads
 from course_utils.checks import CheckError, check_attend_with_cache, check_filter_logits, check_next_token_loss
 from helpers import notebook_solution
 from course_utils.core.errors import InputError
@@ -155,6 +157,29 @@ def test_decode_cost_model():
     ratios = [b / a for a, b in zip(with_cache, without)]
     assert all(r2 > 1.9 * r1 for r1, r2 in zip(ratios, ratios[1:]))  # the saving grows about linearly with length
     assert lm.decode_madds(1, use_cache=True, **kwargs) == lm.decode_madds(1, use_cache=False, **kwargs)
+
+
+# --- reading the attention patterns (induction heads) -------------------------
+
+
+@pytest.mark.parametrize("G", [4, 2, 1])
+def test_attention_weights_rebuild_every_blocks_attention_output(G):
+    torch.manual_seed(G)
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=11, max_len=16, d_model=32, num_heads=4, num_groups=G, num_layers=2)).eval()
+    tokens = torch.randint(0, 11, (3, 12))
+    weights = lm.attention_weights(model, tokens)
+    assert weights.shape == (3, 2, 4, 12, 12), "(B, L, H, T, T)"
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 2, 4, 12))
+    assert (weights.triu(diagonal=1) == 0).all(), "causal: no weight on a later position"
+    with torch.no_grad():  # the weights times each block's own values must give the block's own attention output
+        x = model.token_embedding(tokens) + model.position_embedding(torch.arange(12))
+        for layer, block in enumerate(model.blocks):
+            attn, h = block.self_attn, block.norm1(x)
+            v = split_heads(attn.v_proj(h), G).repeat_interleave(4 // G, dim=1)  # (B, G, T, Dh) -> (B, H, T, Dh)
+            rebuilt = attn.out_proj(merge_heads(weights[:, layer] @ v))  # (B, T, D)
+            torch.testing.assert_close(rebuilt, attn(h)[0], atol=1e-5, rtol=1e-5,
+                                       msg=lambda m: f"block {layer}, G = {G}: {m}")
+            x = block(x)[0]
 
 
 # --- the checkers --------------------------------------------------------------

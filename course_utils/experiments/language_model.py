@@ -5,7 +5,9 @@ sha256 in ``data/README.md``); nothing is downloaded. Character-level tokens.
 The training recipe: AdamW (Loshchilov & Hutter 2019) with weight decay on the
 matrices only, a linear warm-up then cosine decay of the learning rate,
 dropout, gradient clipping; every step goes through the course's one loop,
-:func:`course_utils.experiments.loop.fit`.
+:func:`course_utils.experiments.loop.fit`. :func:`attention_weights` reads
+every head's attention pattern, for the search for induction heads (Olsson et
+al. 2022, arXiv:2209.11895).
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from course_utils.blocks.attention import masked_softmax, scaled_scores
 from course_utils.blocks.gpt import GPT, generate, next_token_loss
+from course_utils.blocks.masks import causal_mask
+from course_utils.blocks.multihead import split_heads
 from course_utils.experiments.data import DATA_DIR
 from course_utils.experiments.loop import fit, training_steps
 
@@ -200,3 +205,33 @@ def decode_madds(num_tokens: int, d_model: int, num_layers: int, d_ff: int, voca
             total += t * per_position + num_layers * 2 * d_model * t * (t + 1) // 2  # query i sees i + 1 keys
     return int(total)
 
+
+@torch.no_grad()
+def attention_weights(model: GPT, tokens: torch.Tensor) -> torch.Tensor:
+    """The attention weights of every head of every block of ``model`` on ``tokens`` (notebook 09, induction heads).
+
+    ``GroupedQueryAttention`` returns no weights, so each block's are
+    recomputed from its own projections of what it reads, the normalised
+    residual stream: ``softmax(q_i k_j / sqrt(Dh))`` under the causal mask,
+    query head h reading key group h // (H / G).
+
+    Args:
+        model: A ``GPT`` in eval mode (no dropout).
+        tokens: (B, T) int64 ids, T <= ``max_len``.
+
+    Returns:
+        (B, L, H, T, T) float: ``[b, l, h, i, j]`` is the weight of key j for
+        query i in head h of block l; each row sums to 1 over j <= i.
+    """
+    B, T = tokens.shape
+    x = model.token_embedding(tokens) + model.position_embedding(torch.arange(T, device=tokens.device))  # (B, T, D)
+    maps = []
+    for block in model.blocks:
+        attn = block.self_attn
+        h = block.norm1(x)  # (B, T, D): what the attention reads (pre-LN)
+        q = split_heads(attn.q_proj(h), attn.num_heads)  # (B, T, D) -> (B, H, T, Dh)
+        k = split_heads(attn.k_proj(h), attn.num_groups)  # (B, T, G*Dh) -> (B, G, T, Dh)
+        k = k.repeat_interleave(attn.num_heads // attn.num_groups, dim=1)  # (B, G, T, Dh) -> (B, H, T, Dh)
+        maps.append(masked_softmax(scaled_scores(q, k), causal_mask(T)))  # (B, H, T, T)
+        x = block(x)[0]  # (B, T, D): into the next block
+    return torch.stack(maps, dim=1)  # (B, L, H, T, T)

@@ -1,4 +1,4 @@
-"""``make bench``: time every notebook and every training run, and hold them to the course's budgets.
+"""``make bench``: time every notebook and training run against the course's budgets, and check its timing claims.
 
 Time is never asserted inside a notebook: on a slow laptop, a shared Binder
 core or a lecture machine that is also driving a projector, Run All must not
@@ -10,13 +10,22 @@ stop on a stopwatch. The budgets live here instead, measured on the course's
 * the whole series runs in under ``SERIES_BUDGET`` seconds;
 * each training run (every call of a training function in ``course_utils``,
   which reports itself through ``course_utils.experiments.loop``) takes under
-  ``TRAINING_BUDGET`` seconds.
+  ``TRAINING_BUDGET`` seconds;
+* every timing claim holds. A notebook that says something about measured
+  time ("the batched run is more than three times faster", "the slope lies
+  between 1.6 and 2.4") does not assert it: it calls
+  ``course_utils.experiments.loop.timing_claim(statement, holds)``, which
+  never stops Run All, and which, when this command runs the notebook,
+  appends ``{"claim": statement, "holds": holds}`` to the same log as the
+  training runs. The report lists every claim, held or not, and a claim that
+  did not hold on the reference machine fails the benchmark: the prose says
+  what happens on that machine, so it must keep happening there.
 
 Each notebook is executed in a fresh kernel with the same settings as
 ``make execute`` and ``make test``, in memory: the committed notebooks are not
 touched. The measured minutes go into the README's syllabus table and the
 instructor guide. The
-command exits with status 1 when any budget is exceeded.
+command exits with status 1 when any budget is exceeded or any timing claim did not hold.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ class NotebookTiming:
     seconds: float
     stated_seconds: float | None  # from the notebook's "*Runtime:* under N CPU minutes" line
     runs: list[tuple[str, float]] = field(default_factory=list)  # (label, seconds) per training run
+    claims: list[tuple[str, bool]] = field(default_factory=list)  # (statement, held) per timing_claim call
 
     @property
     def budget(self) -> float:
@@ -63,8 +73,35 @@ def stated_runtime(path: Path) -> float | None:
     return 60 * float(match.group(1)) if match else None
 
 
+def read_log(text: str) -> tuple[list[tuple[str, float]], list[tuple[str, bool]]]:
+    """The training runs and the timing claims a notebook wrote to ``$COURSE_BENCH_LOG``, in order.
+
+    Args:
+        text: The log, one JSON object a line: ``{"label", "seconds"}`` from
+            ``record_training``, ``{"claim", "holds"}`` from ``timing_claim``.
+
+    Returns:
+        ``(runs, claims)``: ``(label, seconds)`` per training run, ``(statement, held)`` per claim.
+
+    Raises:
+        ValueError: A line that is neither, naming it and the two functions that write the log.
+    """
+    runs, claims = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        entry = json.loads(line)
+        if isinstance(entry, dict) and entry.keys() == {"label", "seconds"}:
+            runs.append((str(entry["label"]), float(entry["seconds"])))
+        elif isinstance(entry, dict) and entry.keys() == {"claim", "holds"} and isinstance(entry["holds"], bool):
+            claims.append((str(entry["claim"]), entry["holds"]))
+        else:
+            raise ValueError(f"{BENCH_LOG_ENV} line {number} is {line!r}: expected {{\"label\", \"seconds\"}} "
+                             "(course_utils.experiments.loop.record_training) or {\"claim\", \"holds\": true/false} "
+                             "(course_utils.experiments.loop.timing_claim)")
+    return runs, claims
+
+
 def time_notebook(path: Path, timeout: int = 600) -> NotebookTiming:
-    """Execute ``path`` in memory and collect its wall time and the time of each training run in it."""
+    """Execute ``path`` in memory and collect its wall time, the time of each training run and its timing claims."""
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "runs.jsonl"
         log.touch()
@@ -77,12 +114,12 @@ def time_notebook(path: Path, timeout: int = 600) -> NotebookTiming:
                 os.environ.pop(BENCH_LOG_ENV, None)
             else:
                 os.environ[BENCH_LOG_ENV] = previous
-        runs = [(r["label"], r["seconds"]) for r in map(json.loads, log.read_text(encoding="utf-8").splitlines())]
-    return NotebookTiming(path.name, seconds, stated_runtime(path), runs)
+        runs, claims = read_log(log.read_text(encoding="utf-8"))
+    return NotebookTiming(path.name, seconds, stated_runtime(path), runs, claims)
 
 
 def budget_failures(timings: list[NotebookTiming]) -> list[str]:
-    """One message per exceeded budget (empty when all hold)."""
+    """One message per exceeded budget and per timing claim that did not hold (empty when all is well)."""
     failures = []
     for t in timings:
         if t.stated_seconds is None:
@@ -92,6 +129,7 @@ def budget_failures(timings: list[NotebookTiming]) -> list[str]:
         for label, seconds in t.runs:
             if seconds > TRAINING_BUDGET:
                 failures.append(f"{t.name}: training run '{label}' took {seconds:.1f} s, over {TRAINING_BUDGET:.0f} s")
+        failures += [f"{t.name}: timing claim did not hold: {statement}" for statement, held in t.claims if not held]
     total = sum(t.seconds for t in timings)
     if total > SERIES_BUDGET:
         failures.append(f"the series: {total:.1f} s, over its budget of {SERIES_BUDGET:.0f} s")
@@ -99,7 +137,7 @@ def budget_failures(timings: list[NotebookTiming]) -> list[str]:
 
 
 def report(timings: list[NotebookTiming]) -> str:
-    """The table ``make bench`` prints: each notebook, its training runs, the series, against the budgets."""
+    """The table ``make bench`` prints: each notebook, its training runs and timing claims, the series."""
     lines = [f"{'notebook':<58} {'seconds':>8} {'budget':>7}"]
     for t in timings:
         mark = "" if t.seconds <= t.budget else "  OVER"
@@ -107,6 +145,7 @@ def report(timings: list[NotebookTiming]) -> str:
         for label, seconds in t.runs:
             mark = "" if seconds <= TRAINING_BUDGET else "  OVER"
             lines.append(f"  training: {label:<47} {seconds:8.1f} {TRAINING_BUDGET:7.0f}{mark}")
+        lines += [f"  claim {'held' if held else 'DID NOT HOLD'}: {statement}" for statement, held in t.claims]
     total = sum(t.seconds for t in timings)
     mark = "" if total <= SERIES_BUDGET else "  OVER"
     lines.append(f"{'the series':<58} {total:8.1f} {SERIES_BUDGET:7.0f}{mark}")
@@ -141,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nwrote the minutes into {README.relative_to(ROOT)} and docs/instructor_guide.md")
     failures = budget_failures(timings)
     for message in failures:
-        print(f"BUDGET EXCEEDED: {message}", file=sys.stderr)
+        print(f"BENCH FAILED: {message}", file=sys.stderr)
     return 1 if failures else 0
 
 
