@@ -57,6 +57,18 @@ def test_a_widget_output_shows_its_still_image_and_no_widget_javascript():
     assert not NETWORK.search(body)
 
 
+def test_a_deck_starts_reveal_once_and_fits_a_slide_after_mathjax_has_typeset_it():
+    from nbformat.v4 import new_markdown_cell, new_notebook
+
+    body, _ = slides.exporter().from_notebook_node(new_notebook(cells=[new_markdown_cell("# Title $x^2$")]))
+    assert body.count("Reveal.initialize(") == 1, "the template's start-up replaces nbconvert's (footer_js)"
+    assert "width: 960, height: 700" in body and "plugins: [RevealNotes]" in body, "with nbconvert's options"
+    # MathJax.Hub.Rerender runs on a queue of its own, in 50 ms steps: a fit at the same time measures the slide
+    # without its formulas (tests/browser_site_check.py checks that every formula is typeset when measured).
+    assert "MathJax.Hub.Rerender(" not in body, "the slide is re-typeset only through MathJax.Hub.Queue"
+    assert '["Rerender", MathJax.Hub, slide]' in body, "the slide shown is re-typeset (it was typeset hidden)"
+
+
 def test_a_tampered_download_is_rejected(tmp_path):
     name, version, _ = slides.REQUIRE
     (tmp_path / f"{name}-{version}.tgz").write_bytes(b"not the real tarball")

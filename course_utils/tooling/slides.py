@@ -3,11 +3,15 @@
 Each notebook's cells carry ``metadata.slideshow.slide_type`` (committed in the
 notebooks, set by ``assign_slide_types``): every ``#``/``##`` section starts a
 slide, every ``###`` heading a sub-slide, and the rest continues the current
-slide until the next cell would not fit, when it starts a sub-slide. The decks use reveal.js 4.0.2 (the version nbconvert's template is
-written for) and require.js, fetched once from the npm registry into
-``build/cache`` and checked against pinned sha256 sums, and the same local
-MathJax 2 as ``make site``; once fetched, the decks build and display offline,
-and a deck loads nothing from the network (see ``_TEMPLATE``).
+slide until the next cell would not fit, when it starts a sub-slide. A slide
+still taller than the slide area is shrunk in the browser, once MathJax has
+typeset it, down to ``MIN_ZOOM``; only what is taller still scrolls.
+
+The decks use reveal.js 4.0.2 (the version nbconvert's template is written
+for) and require.js, fetched once from the npm registry into ``build/cache``
+and checked against pinned sha256 sums, and the same local MathJax 2 as
+``make site``; once fetched, the decks build and display offline, and a deck
+loads nothing from the network (see ``_TEMPLATE``).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # nbconvert's reveal template, offline and fitted to the slide: no jQuery and no mermaid from a CDN (the decks
 # use neither), no widget JavaScript (a widget output shows its still image instead), MathJax told to use the
 # STIX-Web fonts of the local copy, and CSS that keeps every slide inside the slide area: figures are scaled
-# to fit, long code and long outputs scroll inside their box, and a slide with more than fits scrolls.
+# to fit, long code and long outputs scroll inside their box, and a slide with more than fits scrolls. Its own
+# start-up script (footer_js) replaces nbconvert's: it shrinks a tall slide to fit after MathJax has typeset it.
 _TEMPLATE = """{%- extends 'index.html.j2' -%}
 {% block html_head_js_jquery %}{% endblock html_head_js_jquery %}
 {% block html_head_js_mermaidjs %}{% endblock html_head_js_mermaidjs %}
@@ -61,30 +66,39 @@ _TEMPLATE = """{%- extends 'index.html.j2' -%}
 </style>
 {% endblock html_head_css %}
 {% block footer_js %}
-{{ super() }}
 <script>
-// Shrink a slide whose cells are taller than the slide until it fits (CSS zoom, down to @MINZOOM@),
-// whenever it is shown and again once MathJax has typeset it; what still does not fit scrolls.
-require(["reveal.js/dist/reveal.js"], function (Reveal) {
+// nbconvert's start-up of the deck, except for MathJax: nbconvert re-typesets the slide shown with
+// MathJax.Hub.Rerender, which runs on a queue of its own in 50 ms steps, so a slide measured at once lacks its
+// formulas. Here the slide is re-typeset through MathJax's main queue and fitted after it.
+require(["reveal.js/dist/reveal.js", "reveal.js/plugin/notes/notes.js"], function (Reveal, RevealNotes) {
+  Reveal.initialize({controls: true, progress: true, history: true, transition: "{{ reveal_transition }}",
+                     slideNumber: "{{ reveal_number }}", plugins: [RevealNotes],
+                     width: {{ reveal_width }}, height: {{ reveal_height }}});
+  // Shrink a slide whose cells are taller than the slide until it fits (CSS zoom, down to @MINZOOM@); what still
+  // does not fit scrolls. A zoomed slide is laid out wider (its width is the slide area's, @WIDTH@ / zoom CSS
+  // pixels), so its text re-wraps and a figure held to the width grows: it is measured again at each zoom.
   function fit(slide) {
-    if (!slide) return;
     slide.style.zoom = ""; slide.style.maxHeight = "none";
-    // 3% headroom: a scroll bar that appears would narrow the slide and re-wrap its text
-    var zoom = slide.scrollHeight > @HEIGHT@ ? Math.max(@MINZOOM@, 0.97 * @HEIGHT@ / slide.scrollHeight) : 1;
+    var zoom = 1;
+    // each step shrinks the zoom by at least 1% (the headroom against rounding) or ends at @MINZOOM@
+    while (zoom > @MINZOOM@ && slide.scrollHeight * zoom > @HEIGHT@) {
+      zoom = Math.max(@MINZOOM@, 0.99 * @HEIGHT@ / slide.scrollHeight);
+      slide.style.zoom = String(zoom);
+    }
     slide.style.zoom = zoom < 1 ? String(zoom) : "";
     slide.style.maxHeight = (@HEIGHT@ / zoom) + "px";
     Reveal.layout();
   }
-  function fitCurrent() {
+  function show() {
     var slide = Reveal.getCurrentSlide();
     fit(slide);
-    if (window.MathJax && MathJax.Hub) MathJax.Hub.Queue(function () { fit(slide); });
+    MathJax.Hub.Queue(["Rerender", MathJax.Hub, slide], [fit, slide]);
     slide.querySelectorAll("img").forEach(function (img) {  // a figure has its height once decoded
       if (!img.complete) img.addEventListener("load", function () { fit(slide); }, {once: true});
     });
   }
-  if (Reveal.isReady()) fitCurrent(); else Reveal.on("ready", fitCurrent);
-  Reveal.on("slidechanged", fitCurrent);
+  Reveal.on("ready", show);
+  Reveal.on("slidechanged", show);
 });
 </script>
 {% endblock footer_js %}
@@ -94,7 +108,7 @@ require(["reveal.js/dist/reveal.js"], function (Reveal) {
 def _template() -> str:
     values = {"@HUB@": json.dumps(MATHJAX_HUB_CONFIG), "@HEIGHT@": str(HEIGHT),
               "@FIGURE@": str(HEIGHT * 6 // 10), "@CODE@": str(HEIGHT // 2),
-              "@MINZOOM@": str(MIN_ZOOM)}
+              "@MINZOOM@": str(MIN_ZOOM), "@WIDTH@": str(WIDTH)}
     return re.sub("|".join(values), lambda m: values[m[0]], _TEMPLATE)
 
 
