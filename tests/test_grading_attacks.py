@@ -528,3 +528,27 @@ def test_the_reported_score_is_the_lower_of_the_two_verdicts():
     assert scores == {"a": 2.0, "b": 0.0, "c": 0.0, "d": 1.0}
     assert flags == [f"b: {verdict.DISAGREES} (out of the kernel: CheckError: wrong values)",
                      "d: not checked out of the kernel (the test cell uses `x`)"]
+
+
+def test_static_flags_look_only_at_what_the_student_wrote():
+    """A correct solution of the course's own notebooks was flagged: 02's `attend` keeps the import of
+    `masked_softmax` that its released cell gives, and 03's answer is a value bound to its grade_id."""
+    from course_utils.tooling.submissions import static_flags
+
+    def notebook(solution_source: str, grade_id: str, test_source: str) -> nbformat.NotebookNode:
+        return new_notebook(cells=[_nbgrader(new_code_cell(solution_source), grade_id, solution=True),
+                                   _nbgrader(new_code_cell(test_source), f"{grade_id}_tests", grade=True, points=2)])
+
+    given = "from course_utils.blocks.attention import masked_softmax\n\n\ndef attend(scores, values):\n"
+    release = notebook(given + "    # YOUR CODE HERE\n    raise NotImplementedError()", "attend", "check_attend(attend)")
+    answer = notebook(given + "    return masked_softmax(scores, None) @ values", "attend", "check_attend(attend)")
+    assert static_flags(answer, release) == []
+    added = notebook(given + "    from course_utils.blocks.scorers import attend as a\n    return a(scores, values)",
+                     "attend", "check_attend(attend)")
+    assert static_flags(added, release) == ["attend: uses course_utils, where the reference implementations live"]
+
+    release = notebook("# the numbers of the wrong statements\n# YOUR CODE HERE\nraise NotImplementedError()",
+                       "spot_the_error", "check_spot_the_error(spot_the_error)")
+    assert static_flags(notebook("spot_the_error = {1, 2}", "spot_the_error", ""), release) == []
+    shadowed = notebook("spot_the_error = {1}\ncheck_spot_the_error = print", "spot_the_error", "")
+    assert static_flags(shadowed, release) == ["spot_the_error: redefines check_spot_the_error, which the tests use"]

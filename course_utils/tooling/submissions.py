@@ -164,17 +164,21 @@ def _used_names(source: str) -> set[str]:
 def static_flags(submission: nbformat.NotebookNode, release_nb: nbformat.NotebookNode) -> list[str]:
     """What a human should look at in a submission's solution cells (a static look: nothing is run).
 
-    Besides the patterns of ``FLAGS``, a solution cell that rebinds a name the
-    test cells use (a checker, say), other than the names the released cell
-    itself defines, is flagged.
+    Only what the student wrote is looked at: a line that stands in the released
+    cell as well (an import the exercise gives, say) is the instructor's and is
+    not flagged. Besides the patterns of ``FLAGS``, a solution cell that rebinds
+    a name the test cells use (a checker, say), other than the names the
+    released cell itself defines and the exercise's answer (its ``grade_id``),
+    is flagged.
     """
     def source_of(cell) -> str:
         return cell.source if isinstance(cell.source, str) else "".join(cell.source)
 
     tested = set().union(*[_used_names(source_of(c)) for c in release_nb.cells
                            if c.metadata.get("nbgrader", {}).get("grade") and c.cell_type == "code"])
-    released = {c.metadata["nbgrader"].get("grade_id"): _bound_names(source_of(c)) for c in release_nb.cells
-                if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"}
+    given = {c.metadata["nbgrader"].get("grade_id"): source_of(c) for c in release_nb.cells
+             if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"}
+    released = {grade_id: _bound_names(source) | {grade_id} for grade_id, source in given.items()}
     found = []
     for cell in submission.cells:
         meta = cell.metadata.get("nbgrader", {})
@@ -182,8 +186,10 @@ def static_flags(submission: nbformat.NotebookNode, release_nb: nbformat.Noteboo
             continue
         grade_id = meta.get("grade_id", "?")
         source = source_of(cell)
+        theirs = {line.strip() for line in given.get(grade_id, "").splitlines()}
+        written = "\n".join(line for line in source.splitlines() if line.strip() not in theirs)
         for pattern, what in FLAGS:
-            if re.search(pattern, source):
+            if re.search(pattern, written):
                 found.append(f"{grade_id}: {what}")
         for name in sorted((_bound_names(source) & tested) - released.get(grade_id, set())):
             found.append(f"{grade_id}: redefines {name}, which the tests use")
