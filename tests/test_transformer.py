@@ -319,3 +319,26 @@ def test_decoder_layer_forward_names_an_unknown_activation():
     with pytest.raises(KeyError, match="tanh"):
         transformer.decoder_layer_forward(theirs.state_dict(), torch.randn(1, 2, 8), torch.randn(1, 3, 8), None, 2,
                                           False, "tanh")
+
+
+def test_the_numbers_of_07s_model_answer_on_the_pre_ln_stream():
+    """07's written question is graded by hand; its model answer quotes the size of a pre-LN residual stream.
+
+    Measured as the rubric says: the blocks and input of ``deep_stacks.gradient_norms_by_layer`` (seeds 0 to 2),
+    the root mean square over tokens of each token's standard deviation over its D features.
+    """
+    from course_utils.blocks.transformer import TransformerEncoderBlock
+
+    def stream_size(depth: int, seed: int) -> float:
+        torch.manual_seed(seed)  # as gradient_norms_by_layer: the blocks first, then the input
+        blocks = [TransformerEncoderBlock(64, 4, 128, norm_first=True) for _ in range(depth)]
+        h = torch.randn(8, 16, 64)
+        with torch.no_grad():
+            for block in blocks:
+                h = block(h)
+        return float((h.std(-1, unbiased=False) ** 2).mean().sqrt())
+
+    shallow, deep = ([stream_size(N, seed) for seed in range(3)] for N in (6, 48))
+    assert all(1.19 <= round(s, 2) <= 1.24 for s in shallow), shallow  # "about 1.2 at N = 6"; rubric: 1.19 to 1.24
+    assert all(2.45 <= round(s, 2) <= 2.80 for s in deep), deep  # "2.6 at N = 48"; rubric: 2.45 to 2.80
+    assert 2.0 < (sum(deep) / 3) / (sum(shallow) / 3) < 2.4  # "about 2.2 times less at N = 48 than at N = 6"
