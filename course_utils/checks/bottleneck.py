@@ -471,4 +471,6 @@ def _check_scores(model: seq2seq.Seq2Seq, src: torch.Tensor, lengths: torch.Tens
             raise CheckError(f"{where}the scores are {mistake}")
     wrong = (~close).nonzero().flatten().tolist()
     raise CheckError(f"{where}the scores of rows {wrong} are not the sums of the log-probabilities of the tokens you "
-                     "returned (each log p(y_i | y_<i, x), <eos> included)")
+                     "returned (each log p(y_i | y_<i, x), <eos> included). If each step's log-probabilities came "
+                     "from the wrong decoder state: does every kept extension carry the new state of the prefix it "
+                     "extends (the state at its parent's row, not at its own place in the beam)?")
