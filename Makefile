@@ -9,7 +9,10 @@
 #   make test-cpus check that compared outputs hold with MKL on another code path (another CPU)
 #   make data      regenerate the committed splits in data/ (deterministic)
 #   make release   write the student version (no solutions) to build/release
-#   make grade     autograde SUBMISSIONS=folder (one sub-folder per student); MARKS=file adds hand marks
+#   make grade     autograde SUBMISSIONS=folder (one sub-folder per student); MARKS=file adds hand marks;
+#                  JOBS=n students at once (default: one per core); SHARD=i/N one share of the class, OUT=folder
+#   make grade-merge  merge the folders of a class's shards (SHARDS="f0 f1 ..."; default build/grading-shard-*)
+#   make bench-grading  seconds to grade one student's ten notebooks, per notebook, and JOBS=2 against JOBS=1
 #   make site      the executed notebooks as a static web site in build/site (Sphinx + MyST-NB; offline)
 #   make slides    turn the notebooks into reveal.js decks in build/slides
 #   make browser-test  notebook 00 in JupyterLab, the site and the slides in headless Chromium (needs apt's chromium)
@@ -29,7 +32,8 @@ NB ?= notebooks
 SUBMISSIONS ?= submissions
 WORKERS ?= 2
 
-.PHONY: setup lab test test-fast test-cpus execute bench data release grade site slides browser-test clean
+.PHONY: setup lab test test-fast test-cpus execute bench bench-grading data release grade grade-merge site slides \
+	browser-test clean
 
 setup: $(STAMP)
 
@@ -81,7 +85,15 @@ release: setup
 	$(BIN)/python -m course_utils.tooling.grading release --out build/release
 
 grade: setup
-	$(BIN)/python -m course_utils.tooling.grading autograde $(SUBMISSIONS) $(if $(MARKS),--marks $(MARKS),)
+	$(BIN)/python -m course_utils.tooling.grading autograde "$(SUBMISSIONS)" $(if $(MARKS),--marks "$(MARKS)",) \
+		$(if $(JOBS),--jobs $(JOBS),) $(if $(SHARD),--shard $(SHARD),) $(if $(OUT),--out "$(OUT)",)
+
+grade-merge: setup
+	$(BIN)/python -m course_utils.tooling.grading merge $(SHARDS) $(if $(MARKS),--marks "$(MARKS)",) \
+		$(if $(OUT),--out "$(OUT)",)
+
+bench-grading: setup
+	$(BIN)/python -m course_utils.tooling.bench_grading
 
 site: setup
 	$(BIN)/python -m course_utils.tooling.site --out build/site

@@ -39,7 +39,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from buggy_answers import BUGGY
 from conftest import NOTEBOOKS, ROOT
-from course_utils.tooling import grading, verdict
+from course_utils.tooling import autograder, grading, verdict
 from course_utils.tooling.verdict import transport
 
 STEM = "00_tiny"
@@ -275,12 +275,12 @@ def test_grades_csv_escapes_spreadsheet_formulas(graded, tmp_path):
 def test_a_manual_score_in_the_gradebook_is_flagged(graded):
     from nbgrader.api import Gradebook
 
-    course = graded["base"] / "course"
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+    book = graded["base"] / "course" / "gradebooks" / "unsolved.db"  # each student's own gradebook
+    with Gradebook(f"sqlite:///{book}") as gradebook:
         grade = gradebook.find_grade("double_tests", STEM, STEM, "unsolved")
         grade.manual_score = 3.0
         gradebook.db.commit()
-    scores, flags = grading._scores(course, STEM, "unsolved", grading.exercises(graded["base"] / "instructor" /
+    scores, flags = autograder.scores(book, STEM, "unsolved", grading.exercises(graded["base"] / "instructor" /
                                                                                 f"{STEM}.ipynb"))
     assert scores == {"double_tests": 0.0}, "the total is the automatic score"
     assert flags == ["double_tests: a manual score (3) that autograding did not set"]

@@ -14,7 +14,9 @@ from course_utils.tooling.bench import (NOTEBOOK_BUDGET, SERIES_BUDGET, TRAINING
                                 read_log, report, stated_runtime)
 from course_utils.experiments.loop import BENCH_LOG_ENV, record_training, timing_claim, timing_claims
 from course_utils.core.reproducibility import UNPINNED_NOTE, error_bound, setup
-from tests.conftest import NOTEBOOKS, pytest_configure
+from course_utils.tooling import pytest_plugin
+from course_utils.tooling.pytest_plugin import pytest_configure
+from tests.conftest import NOTEBOOKS
 
 
 def test_this_test_run_is_pinned():
@@ -61,11 +63,9 @@ def test_other_platforms_check_asserts_without_comparing_outputs(monkeypatch):
     class Config:
         option = Options()
 
-    import tests.conftest as conftest
-
     pytest_configure(Config())
     assert Config.option.nbval_lax is False
-    monkeypatch.setattr(conftest, "platform_matches", lambda: False)
+    monkeypatch.setattr(pytest_plugin, "platform_matches", lambda: False)
     pytest_configure(Config())
     assert Config.option.nbval_lax is True
 

@@ -8,8 +8,10 @@ process tree inside `bubblewrap <https://github.com/containers/bubblewrap>`_
   writable place (besides a small, private ``/tmp``);
 * the rest of the file system is read-only, and the instructor's notebooks,
   the grading folder (gradebook, other students' work, grades) and the
-  submissions folder are hidden behind empty folders, as is the grader's home
-  folder apart from the Python installation;
+  submissions folder are hidden behind empty folders, as are ``/tmp``, the
+  grader's home folder and ``TMPDIR`` (where the other work folders are); the
+  Python installation, the environment and the course are shown again,
+  read-only, wherever they live (under ``/tmp`` or the home folder too);
 * no network: the sandbox has its own network namespace with only a loopback
   device, which the notebook's kernel uses to talk to the runner;
 * no capabilities, its own user, process and IPC namespaces, and a new
@@ -25,7 +27,7 @@ holds, and scores are computed by nbgrader outside the sandbox.
 What the sandbox does *not* do: it cannot tell whether the student's code
 tampered with its own kernel, for example by hiding the errors of the test
 cells that run after it. Autograding flags such code for a human (see
-``grading.static_flags``), and checks every exercise again out of that kernel
+``submissions.static_flags``), and checks every exercise again out of that kernel
 (``course_utils.tooling.verdict``, whose child process runs in this sandbox).
 """
 
@@ -89,8 +91,68 @@ def _user_processes() -> int:
     return count
 
 
+_WORK_ROOT: tempfile.TemporaryDirectory | None = None
+
+
+def work_root() -> Path:
+    """This grading process's folder for the sandboxes' work folders (under ``TMPDIR``; removed at exit).
+
+    Every sandbox hides it (and the whole of ``TMPDIR``) and shows again only
+    its own work folder, so that with parallel jobs no student's code sees
+    another student's work folder, wherever ``TMPDIR`` points.
+    """
+    global _WORK_ROOT
+    if _WORK_ROOT is None or not Path(_WORK_ROOT.name).is_dir():
+        _WORK_ROOT = tempfile.TemporaryDirectory(prefix="course-grading-")
+    return Path(_WORK_ROOT.name)
+
+
+def work_folder(prefix: str) -> tempfile.TemporaryDirectory:
+    """A throwaway work folder for one sandboxed run (inside :func:`work_root`)."""
+    return tempfile.TemporaryDirectory(prefix=prefix, dir=work_root())
+
+
+def _masked() -> list[Path]:
+    """Folders every sandbox replaces with an empty one: /tmp, the home folder, TMPDIR and the work root."""
+    masks = [Path("/tmp"), Path(tempfile.gettempdir()), work_root()]
+    home = Path.home()
+    if home.is_dir() and home.resolve() != Path("/"):
+        masks.append(home)
+    return [m.resolve() for m in masks if m.is_dir() and m.resolve() != Path("/")]
+
+
+def needed_paths() -> list[Path]:
+    """What a sandboxed run must see (read-only): the Python installation, the environment and the course."""
+    return [Path(p).resolve() for p in dict.fromkeys((sys.base_prefix, sys.prefix, str(ROOT)))]
+
+
+def check_visible(hide: list[Path]) -> None:
+    """Refuse, before anyone is graded, when a folder the sandbox must show lies in one it hides.
+
+    Raises:
+        SandboxUnavailable: naming the path and what to do.
+    """
+    for need in needed_paths():
+        for folder in hide:
+            folder = Path(folder).resolve()
+            if need.is_relative_to(folder):
+                what = "the Python environment" if need != ROOT.resolve() else "the course"
+                raise SandboxUnavailable(
+                    f"{what} ({need}) lies inside {folder}, which grading hides from the students' code; "
+                    f"put the submissions, the grading folder and the environment in separate folders "
+                    f"(for example --out outside {need})")
+
+
 def sandbox_command(argv: list[str], work: Path, hide: list[Path], limits: Limits) -> list[str]:
     """The command line that runs ``argv`` in the sandbox with ``work`` as its only writable folder.
+
+    The file system is the grader's, read-only, with these replaced by empty
+    folders: ``/tmp``, the home folder, ``TMPDIR`` and this process's work
+    root (:func:`work_root`), and every folder in ``hide``. What a run needs
+    and lies in one of them (the Python installation, the environment, the
+    course: :func:`needed_paths`) is shown again read-only, unless it lies in
+    a folder of ``hide``. Mounts are applied from the shallowest path to the
+    deepest, so a folder hidden inside a shown one stays hidden.
 
     Args:
         argv: The command to run inside (its executable must be readable there).
@@ -102,21 +164,27 @@ def sandbox_command(argv: list[str], work: Path, hide: list[Path], limits: Limit
         The full argv: ``prlimit ... -- bwrap ... -- argv``.
     """
     bwrap = bwrap_path()
-    home = Path.home()
-    mounts = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-              "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
-    if home.is_dir() and home != Path("/"):
-        mounts += ["--tmpfs", str(home)]
-        # The Python installation and the course may live under the home folder: show them again, read-only.
-        for keep in (Path(sys.base_prefix), Path(sys.prefix), ROOT):
-            if keep.resolve().is_relative_to(home.resolve()):
-                mounts += ["--ro-bind", str(keep.resolve()), str(keep.resolve())]
-    for folder in hide:
-        folder = Path(folder).resolve()
-        if folder.is_dir() and not work.resolve().is_relative_to(folder):
-            mounts += ["--tmpfs", str(folder), "--remount-ro", str(folder)]
-        elif folder.is_dir():
-            mounts += ["--tmpfs", str(folder)]  # the work folder is inside: its bind below is the only content
+    work = Path(work).resolve()
+    hidden = sorted({Path(f).resolve() for f in hide if Path(f).is_dir()})
+    hidden = [f for f in hidden if not any(f != g and f.is_relative_to(g) for g in hidden)]  # already hidden
+    # (depth, order at equal depth, mount args): masks first, then what is shown again, then hidden folders.
+    layers: list[tuple[int, int, list[str]]] = []
+    for mask in _masked():
+        if mask == Path("/tmp"):
+            layers.append((len(mask.parts), 0, ["--size", str(limits.tmp_bytes), "--tmpfs", str(mask)]))
+        else:
+            layers.append((len(mask.parts), 0, ["--tmpfs", str(mask)]))
+    for keep in needed_paths():
+        if any(keep.is_relative_to(m) for m in _masked()) and not any(keep.is_relative_to(h) for h in hidden):
+            layers.append((len(keep.parts), 1, ["--ro-bind", str(keep), str(keep)]))
+    for folder in hidden:
+        if work.is_relative_to(folder):
+            layers.append((len(folder.parts), 2, ["--tmpfs", str(folder)]))  # the work folder's bind is its content
+        else:
+            layers.append((len(folder.parts), 2, ["--tmpfs", str(folder), "--remount-ro", str(folder)]))
+    mounts = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for _, _, args in sorted(layers, key=lambda layer: layer[:2]):
+        mounts += args
     mounts += ["--bind", str(work), str(work)]
     isolation = ["--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
                  "--chdir", str(work), "--clearenv"]
@@ -148,7 +216,7 @@ def execute(nb: nbformat.NotebookNode, hide: list[Path], cell_timeout: int, limi
     Returns:
         ``(executed notebook, "")``, or ``(None, reason)`` when the run did not finish.
     """
-    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
+    with work_folder("grade-") as tmp:
         work = Path(tmp)
         for sub in ("tmp", "runtime", "ipython", "matplotlib"):
             (work / sub).mkdir()

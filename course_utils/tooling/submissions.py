@@ -35,6 +35,7 @@ class Result:
     missing: bool = False  # the student submitted no file for this notebook
     written: dict[str, str] = field(default_factory=dict)  # grade_id -> the student's written answer
     unmarked: list[str] = field(default_factory=list)  # written questions not yet marked by hand
+    seconds: float = 0.0  # how long grading it took (not part of the grade)
 
     @property
     def total(self) -> float:

@@ -32,6 +32,7 @@ class Plan:
 
     steps: tuple[dict, ...]  # {"cell", "source", "solution": [names]} or {"snapshot": grade_id, "names": [...]}
     checks: tuple[Check, ...]
+    kernel: tuple[int, ...] = ()  # the code cells autograding runs in the kernel: the child's, the tests, definitions
 
 
 def _source(cell) -> str:
@@ -119,6 +120,7 @@ def plan(graded: nbformat.NotebookNode, source: nbformat.NotebookNode) -> Plan:
     bindings: dict[str, tuple[str, Any]] = {}  # name -> (kind, detail), the latest binding in notebook order
     steps: list[dict] = []
     checks: list[Check] = []
+    kernel: list[int] = []
     section = ""
     for index, cell in enumerate(source.cells):
         if cell.cell_type == "markdown":
@@ -136,6 +138,7 @@ def plan(graded: nbformat.NotebookNode, source: nbformat.NotebookNode) -> Plan:
         if _is_test(cell):
             checks.append(_check(meta, text, tree, bindings))
             steps.append({"snapshot": meta["grade_id"], "names": list(checks[-1].student_names)})
+            kernel.append(index)
             for name in _stored_names(tree) if tree is not None else ():
                 bindings[name] = ("state", index)
             continue
@@ -159,9 +162,13 @@ def plan(graded: nbformat.NotebookNode, source: nbformat.NotebookNode) -> Plan:
         if solution:
             steps.append({"cell": index, "source": theirs.get(meta.get("grade_id"), text),
                           "solution": sorted(theirs_here)})
+            kernel.append(index)
         elif section in ("setup", "exercises") or CONTEXT_TAG in cell.metadata.get("tags", []):
             steps.append({"cell": index, "source": text, "solution": []})
-    return Plan(tuple(steps), tuple(checks))
+            kernel.append(index)
+        elif definitions:  # imports and definitions only (a checker, say): cheap, and a test cell may use them
+            kernel.append(index)
+    return Plan(tuple(steps), tuple(checks), tuple(kernel))
 
 
 def _check(meta: dict, text: str, tree: ast.Module | None, bindings: dict[str, tuple[str, Any]]) -> Check:

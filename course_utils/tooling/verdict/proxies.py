@@ -13,7 +13,6 @@ import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -175,7 +174,7 @@ class Child:
         self.alive = True
         self.errors: dict[int, str] = {}
         self.ready = False
-        self._tmp = tempfile.TemporaryDirectory(prefix="verdict-")
+        self._tmp = sandbox.work_folder("verdict-")
         work = Path(self._tmp.name)
         for sub in ("tmp", "runtime", "ipython", "matplotlib"):
             (work / sub).mkdir()
