@@ -344,6 +344,10 @@ NEW_KINDS = {
          "H = 1"),
         ("einsum, which the exercise rules out", "def pairwise_scores(q, k):\n"
          "    return torch.einsum('...td,...sd->...ts', q, k)\n", "einsum"),
+        ("broadcast and sum, not `@`", "def pairwise_scores(q, k):\n"
+         "    return (q[..., :, None, :] * k[..., None, :, :]).sum(dim=-1)\n", "without `@`"),
+        ("a Python loop over the batch", "def pairwise_scores(q, k):\n"
+         "    return torch.stack([q[b] @ k[b].transpose(-2, -1) for b in range(q.shape[0])])\n", "Python loop"),
         ("calls the reference", "def pairwise_scores(q, k):\n"
          "    import course_utils\n    return course_utils.pairwise_scores(q, k)\n", "calls the course's reference"),
     ],
@@ -365,6 +369,13 @@ NEW_KINDS = {
         ("calls the reference", "def masked_softmax(scores, mask):\n"
          "    from course_utils.blocks import attention\n    return attention.masked_softmax(scores, mask)\n",
          "calls the course's reference"),
+        ("mask=None not handled", "def masked_softmax(scores, mask=None):\n"
+         "    weights = torch.softmax(scores.masked_fill(~mask, float('-inf')), dim=-1)\n"
+         "    return weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)\n", "mask=None"),
+        ("NaN patched after the softmax, which hides a NaN in the scores", "def masked_softmax(scores, mask=None):\n"
+         "    if mask is None:\n        return torch.softmax(scores, dim=-1)\n"
+         "    return torch.softmax(scores.masked_fill(~mask, float('-inf')), dim=-1).nan_to_num(0.0)\n",
+         "Patching NaN after the softmax"),
     ],
     "final_states": [
         ("a squeeze that breaks at B = 1 and R = 1", "def final_states(states, lengths):\n"
@@ -373,6 +384,11 @@ NEW_KINDS = {
         ("calls the reference", "def final_states(states, lengths):\n"
          "    from course_utils.blocks.seq2seq import final_states as reference\n"
          "    return reference(states, lengths)\n", "calls the course's reference"),
+        ("a Python loop over the batch", "def final_states(states, lengths):\n"
+         "    return torch.stack([states[b, lengths[b] - 1] for b in range(states.shape[0])])\n", "No Python loops"),
+        ("a while loop over the batch", "def final_states(states, lengths):\n    rows, b = [], 0\n"
+         "    while b < states.shape[0]:\n        rows.append(states[b, lengths[b] - 1])\n        b += 1\n"
+         "    return torch.stack(rows)\n", "No Python loops"),
     ],
     "sequence_exact_match": [
         ("a prediction that ends early with padding is accepted", "def sequence_exact_match(tokens, targets, pad_id=0):\n"
@@ -388,6 +404,12 @@ NEW_KINDS = {
         ("calls the reference", "def sequence_exact_match(tokens, targets, pad_id=0):\n"
          "    from course_utils.experiments.training import sequence_exact_match as reference\n"
          "    return reference(tokens, targets)\n", "calls the course's reference"),
+        ("matching tokens counted, compared with the target's length", "def sequence_exact_match(tokens, targets, "
+         "pad_id=0):\n    return (tokens == targets).sum(dim=1) == (targets != pad_id).sum(dim=1)\n",
+         "padding written by the model matches the target's padding"),
+        ("at least as many matching tokens as the target's length", "def sequence_exact_match(tokens, targets, "
+         "pad_id=0):\n    return (tokens == targets).sum(dim=1) >= (targets != pad_id).sum(dim=1)\n",
+         "padding written by the model matches the target's padding"),
     ],
     "beam_search": [
         ("greedy: a beam of one prefix", _BEAM.replace("[: beam_size - len(finished)]", "[:1]"),
@@ -427,6 +449,10 @@ NEW_KINDS = {
         ("a weight changed in place", _BEAM.replace(
             "    answers, best = [], []\n", "    answers, best = [], []\n    model.decoder.out.bias.data[3] += 1.0\n"),
          "do not write"),
+        ("each extension continues from the state at its own place in the beam, not its parent's", _BEAM.replace(
+            "state[parent]", "state[torch.arange(len(kept)).clamp(max=len(state) - 1)]"), "from its parent's state"),
+        ("the state not reindexed (repeated at the first step only)", _BEAM.replace(
+            "state[parent]", "(state.expand(len(kept), -1) if len(state) == 1 else state)"), "from its parent's state"),
         ("calls the reference", "def beam_search(model, src, src_lengths, beam_size, max_len, sos_id=1, eos_id=2):\n"
          "    from course_utils.blocks.decoding import beam_search as search\n"
          "    return search(model, src, src_lengths, beam_size, max_len)\n", "calls the course's reference"),
@@ -523,6 +549,11 @@ NEW_KINDS = {
         ("calls the reference", "def scaled_dot_product_attention(q, k, v, mask=None, scale=None):\n"
          "    import course_utils\n    return course_utils.scaled_dot_product_attention(q, k, v, mask, scale)\n",
          "calls the course's reference"),
+        ("`scale or ...`, which takes scale=0.0 for None", "def scaled_dot_product_attention(q, k, v, mask=None, "
+         "scale=None):\n    from course_utils.blocks.attention import masked_softmax\n"
+         "    scale = scale or 1 / math.sqrt(q.shape[-1])\n"
+         "    weights = masked_softmax(q @ k.transpose(-2, -1) * scale, mask)\n    return weights @ v, weights\n",
+         "treats 0.0 as missing"),
     ],
     "attention_entropy": [
         ("3-D-only code", "def attention_entropy(weights):\n"
@@ -627,6 +658,9 @@ NEW_KINDS = {
          "    return (x - mean) / torch.sqrt(variance + eps) * weight + bias\n", "without a batch axis"),
         ("F.layer_norm, which the exercise rules out", "def layer_norm(x, weight, bias, eps=1e-5):\n"
          "    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)\n", "rules out"),
+        ("eps ignored, 1e-5 written in", "def layer_norm(x, weight, bias, eps=1e-5):\n    mean = x.mean(dim=-1, keepdim=True)\n"
+         "    variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)\n"
+         "    return (x - mean) / torch.sqrt(variance + 1e-5) * weight + bias\n", "ignored its eps argument"),
         ("nn.LayerNorm, which the exercise rules out", "def layer_norm(x, weight, bias, eps=1e-5):\n"
          "    norm = torch.nn.LayerNorm(x.shape[-1], eps=eps)\n"
          "    return torch.func.functional_call(norm, {'weight': weight, 'bias': bias}, (x,))\n", "rules out"),
@@ -670,6 +704,8 @@ NEW_KINDS = {
          "    x = norm('norm2', x + attend('multihead_attn', x, memory, flipped))\n"
          "    return norm('norm3', x + ffn(x))\n", "NaN"),
         ("detached output", _DECODER_LAYER.replace(_LAST_LINE, _LAST_LINE + ".detach()"), "cut off from autograd"),
+        ("the tanh approximation of GELU", _DECODER_LAYER.replace(
+            "act = F.gelu if", "act = (lambda h: F.gelu(h, approximate='tanh')) if"), "tanh approximation"),
         ("detached weights", _DECODER_LAYER.replace("    causal = causal_mask(x.shape[1])\n",
                                                     "    causal = causal_mask(x.shape[1])\n"
                                                     "    state = {name: t.detach() for name, t in state.items()}\n"),
@@ -735,11 +771,20 @@ NEW_KINDS = {
          "    correction, p = torch.exp(m - shift), torch.exp(scores - shift).detach()\n"
          "    return m_new, l * correction + p.sum(dim=-1, keepdim=True), acc * correction + p @ v\n",
          "gradient with respect to the scores"),
+        ("the shift returned as m (0, not -inf, after a fully masked block)", "def online_softmax_update(m, l, acc, scores, v):\n"
+         "    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))\n"
+         "    shift = m_new.masked_fill(m_new == float('-inf'), 0.0)\n"
+         "    correction, p = torch.exp(m - shift), torch.exp(scores - shift)\n"
+         "    return shift, l * correction + p.sum(dim=-1, keepdim=True), acc * correction + p @ v\n",
+         "running maximum must stay -inf"),
         ("calls the reference", "def online_softmax_update(m, l, acc, scores, v):\n"
          "    from course_utils.experiments import efficiency\n"
          "    return efficiency.online_softmax_update(m, l, acc, scores, v)\n", "calls the course's reference"),
     ],
     "next_token_loss": [
+        ("(B, T, V) logits passed to F.cross_entropy as they are", "def next_token_loss(model, tokens):\n"
+         "    logits = model(tokens[:, :-1])\n    return F.cross_entropy(logits, tokens[:, 1:])\n",
+         "reads the classes from dimension 1"),
         ("a squeeze that breaks at B = 1", "def next_token_loss(model, tokens):\n"
          "    inputs, targets = tokens[:, :-1].squeeze(), tokens[:, 1:].squeeze()\n    logits = model(inputs)\n"
          "    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))\n", "B = 1"),
@@ -761,6 +806,14 @@ NEW_KINDS = {
          "calls the course's reference"),
     ],
     "attend_with_cache": [
+        ("head h reads group h % G", "def attend_with_cache(q, k, v, cache=None):\n"
+         "    if cache is not None:\n"
+         "        k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)\n"
+         "    H, G, T, S = q.shape[1], k.shape[1], q.shape[2], k.shape[2]\n"
+         "    keys, values = k.repeat(1, H // G, 1, 1), v.repeat(1, H // G, 1, 1)\n"
+         "    mask = torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)\n"
+         "    scores = (q @ keys.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(~mask, float('-inf'))\n"
+         "    return torch.softmax(scores, dim=-1) @ values, (k, v)\n", "h % G"),
         ("a squeeze that breaks at B = 1", "def attend_with_cache(q, k, v, cache=None):\n"
          "    from course_utils.blocks.gpt import grouped_attention\n    if cache is not None:\n"
          "        k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)\n"

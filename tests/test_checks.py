@@ -528,11 +528,16 @@ def test_check_scaled_dot_product_attention_names_the_bug(buggy, fragment):
         (3, "expected a set of statement numbers"),
         ({"1"}, "'1' is not a statement number"),
         ({1, 9}, "9 is not a statement number"),
-        (set(), "4 of the 8 statements misjudged: 0 of the 0 statements in your set are right, and your set misses 4"),
-        (set(WORKED_EXAMPLE_WRONG) - {5}, "1 of the 8 statements misjudged: 0 of the 3 statements in your set are "
-                                          "right, and your set misses 1 of the wrong ones"),
-        (set(WORKED_EXAMPLE_WRONG) | {7}, "1 of the 8 statements misjudged: 1 of the 5 statements in your set is "
-                                          "right, and your set misses 0 of the wrong ones"),
+        (set(), "4 of the 8 statements misjudged: your set is empty, and misses 4 wrong statements"),
+        # three right picks: the message counts them as wrong statements found, never as "right" statements
+        (set(WORKED_EXAMPLE_WRONG) - {5}, "1 of the 8 statements misjudged: your set of 3 numbers has 3 of the wrong "
+                                          "statements and 0 of the right ones (only wrong statements belong in it), "
+                                          "and misses 1 wrong statement"),
+        (set(WORKED_EXAMPLE_WRONG) | {7}, "1 of the 8 statements misjudged: your set of 5 numbers has 4 of the wrong "
+                                          "statements and 1 of the right ones (only wrong statements belong in it), "
+                                          "and misses 0 wrong statements"),
+        ({2}, "5 of the 8 statements misjudged: your set of 1 number has 0 of the wrong statements and 1 of the "
+              "right ones"),
     ],
 )
 def test_check_spot_the_error_names_the_mistake(answer, fragment):
@@ -1194,7 +1199,7 @@ def test_check_saturation_width_leaves_the_global_random_state_alone():
 import copy  # noqa: E402
 import functools  # noqa: E402
 
-from course_utils.checks import bottleneck, check_beam_search  # noqa: E402
+from course_utils.checks import beam, check_beam_search  # noqa: E402
 
 
 def _beam_search_written_otherwise(model, src, src_lengths, beam_size, max_len, sos_id=1, eos_id=2, noise=0.0):
@@ -1251,18 +1256,18 @@ def test_each_mistake_the_beam_search_checker_names_changes_an_answer_it_checks(
     answers, and each mistake it can name changes at least one of them: a learner who makes it is told."""
     src, lengths = torch.tensor([[3, 4, 5]]), torch.tensor([3])
     changed = set()
-    for _, table, k, max_len in bottleneck._DESIGNED:
-        model = bottleneck._markov_model(table)
+    for _, table, k, max_len in beam._DESIGNED:
+        model = beam._markov_model(table)
         tokens, _ = decoding.beam_search(model, src, lengths, k, max_len)
-        assert bottleneck._search(model, src, lengths, k, max_len) == bottleneck._rows(tokens)
-        changed |= {change for change in bottleneck._MISTAKES
-                    if bottleneck._search(model, src, lengths, k, max_len, change) != bottleneck._rows(tokens)}
-    assert changed == set(bottleneck._MISTAKES)
+        assert beam._search(model, src, lengths, k, max_len) == beam._rows(tokens)
+        changed |= {change for change in beam._MISTAKES
+                    if beam._search(model, src, lengths, k, max_len, change) != beam._rows(tokens)}
+    assert changed == set(beam._MISTAKES)
 
 
 def test_a_designed_model_is_the_markov_chain_of_its_table():
     table = {1: {3: 0.6, 2: 0.3}, 3: {4: 0.9}}
-    model = bottleneck._markov_model(table)
+    model = beam._markov_model(table)
     y = torch.tensor([1, 3, 3])
     state = model.decoder.initial_state(torch.zeros(3, 4))
     logits, new_state = model.decoder.step(y, state, torch.zeros(3, 4))
@@ -1295,3 +1300,17 @@ def test_check_beam_search_accepts_either_of_two_tied_answers(capsys):
     check_beam_search(beam_search)
     assert len(swapped) == 2 and all(((t == 3) | (t == 4)).any() for t in swapped), "both tie cases were answered"
     assert capsys.readouterr().out.count("all checks passed") == 1
+
+
+def test_the_checks_of_how_a_function_is_written_skip_the_graders_proxy():
+    """Out of the kernel a checker gets a proxy (defined in course_utils) of the student's function: its code and
+    torch calls are not the student's, so "No Python loops" and "with `@`" are checked only in the kernel."""
+    from course_utils.checks.inspection import course_function, has_python_loop, torch_calls
+    from course_utils.tooling.verdict.proxies import proxy
+
+    stand_in = proxy(None, ("export", "pairwise_scores_tests", "pairwise_scores"), "pairwise_scores")
+    assert course_function(stand_in) and not course_function(lambda q, k: q @ k.mT)
+    assert not has_python_loop(stand_in)
+    assert has_python_loop(lambda x: [t for t in x]) and not has_python_loop(lambda x: x.sum())
+    assert torch_calls(lambda q, k: q @ k.mT, torch.ones(1, 2, 3), torch.ones(1, 4, 3))[1] >= {"matmul"}
+    assert torch_calls(attention.pairwise_scores, torch.ones(1, 2, 3), torch.ones(1, 4, 3))[1] is None

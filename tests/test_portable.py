@@ -513,3 +513,28 @@ def test_the_coverage_rule_catches_an_unasserted_cell():
     assert _defined(timed) & _checked_names(_parse(gathered + "timing_claim(statement, holds)"))
     assert not _defined(timed) & _checked_names(_parse(gathered + "print(statement, holds)"))
     assert not _defined(ignored) & _checked_names(_parse("y = x\nprint(y)"))
+
+
+def test_a_notebook_collected_alone_gets_the_pinned_kernel_settings(root):
+    # `pytest --nbval notebooks/03_self_attention.ipynb` never loads tests/conftest.py: the plugin in
+    # pyproject.toml's addopts puts the settings in place, so the kernels nbval starts inherit them.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in portable.PINNED_ENV and k != "PYTHONHASHSEED"}
+    # The probe must not import course_utils itself (that pins the settings too): it gets them as text.
+    probe = ("import os, sys\nimport pytest\n"
+             f"PINNED = {dict(portable.PINNED_ENV)!r}\n"
+             "class Report:\n"
+             "    def pytest_collection_finish(self, session):\n"
+             "        print('PINNED', all(os.environ.get(k) == v for k, v in PINNED.items()))\n"
+             "sys.exit(pytest.main(['--co', '-q', *sys.argv[1:], 'notebooks/03_self_attention.ipynb'], "
+             "plugins=[Report()]))")
+    run = subprocess.run([sys.executable, "-c", probe], cwd=root, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "PINNED True" in run.stdout, run.stdout
+    # and without the plugin, the same collection lacks them (so the check above can fail)
+    run = subprocess.run([sys.executable, "-c", probe, "-o", "addopts=-p no:cacheprovider --nbval"], cwd=root,
+                         env=env, capture_output=True, text=True)
+    assert "PINNED False" in run.stdout, run.stdout + run.stderr

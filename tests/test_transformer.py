@@ -208,6 +208,17 @@ def test_check_is_pre_ln_accepts_other_right_answers_and_keeps_the_random_state(
     assert torch.equal(torch.get_rng_state(), before)
 
 
+@pytest.mark.parametrize("B", [1, 3])
+def test_check_is_pre_ln_accepts_a_right_answer_whose_probe_has_another_batch_size(B, capsys):
+    def probe_of_batch_B(block, D):  # the task only says (B, T, D) -> (B, T, D): any B is right
+        x = torch.randn(B, 5, D, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            return bool(block(1000 * x).norm() > 10 * block(x).norm())
+
+    check_is_pre_ln(probe_of_batch_B)
+    assert capsys.readouterr().out.count("all checks passed") == 1
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_is_pre_ln_tells_the_placements_apart_for_pytorch_layers(norm_first):
     torch.manual_seed(7)

@@ -18,10 +18,12 @@ A common core and one module per notebook:
   each taking the learner's function and raising ``CheckError`` whose message
   says what was expected, what came back and what to look at.
 
-The core is :mod:`course_utils.checks.core`; the checkers of notebook NN live in
-the module named after its topic (``orientation`` for 00, ``bottleneck`` for
-01, ...). Everything is importable from ``course_utils.checks``. Every
-checker is tested against known-buggy answers in ``tests/test_checks.py``.
+The core is :mod:`course_utils.checks.core`, with :mod:`course_utils.checks.inspection`
+over it (how a learner's function is written: Python loops, the torch functions
+it calls); the checkers of notebook NN live in the module named after its topic
+(``orientation`` for 00, ``bottleneck`` for 01, ...; notebook 01's beam search
+has its own, ``beam``). Everything is importable from ``course_utils.checks``.
+Every checker is tested against known-buggy answers in ``tests/test_checks.py``.
 """
 
 from course_utils.checks.hints import hint
@@ -40,8 +42,8 @@ from course_utils.checks.bahdanau import (
     check_bilinear_scores,
     check_luong_step,
 )
+from course_utils.checks.beam import check_beam_search
 from course_utils.checks.bottleneck import (
-    check_beam_search,
     check_final_states,
     check_sequence_exact_match,
 )

@@ -38,7 +38,9 @@ def check_online_softmax_update(fn: Callable[..., Any], seed: int = 0, T: int = 
     Folds several blocks of keys (the second raises the running maximum, the
     third does not), then compares the final ``acc / l`` with softmax over all
     keys, and every intermediate state with the reference. Then a first block
-    whose keys are all masked for one query, blocks of scores of about ±1e4
+    whose keys are all masked for one query, followed by an ordinary block and,
+    separately, by a block of scores of about -200 (exp underflows to 0 unless
+    that query's m stayed -inf), blocks of scores of about ±1e4
     (exp overflows without the running maximum) and a backward pass through the
     whole fold. At the sizes asked for, at T = 1, Dv = 1, and with a leading
     batch axis, (B, T, 1) and so on (the text allows any leading axes).
@@ -158,6 +160,25 @@ def _online_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T: in
                          "Every exponent must be taken relative to the running maximum, so that none is positive")
     check_close(acc / l, big_out, name="acc / l for scores of about ±1e4", shape=shape_v, dims=dims,
                 hint="acc / l must equal softmax(all scores) @ all values, however large the scores")
+    # The same masked block, then scores of about -200: exp(-200) underflows float32 to 0, so that query's m must
+    # still be -inf (nothing seen yet), not the shift 0 used to exponentiate the masked block.
+    far_below = -200.0 + torch.randn(*lead, T, 3, generator=torch.Generator().manual_seed(seed))  # g left as it was
+    m, l, acc = call(fn, *got, far_below, values[1], name="online_softmax_update", expected="a tuple (m, l, acc)")
+    expected_out = torch.softmax(torch.cat([masked_first, far_below], dim=-1), dim=-1) @ torch.cat(values, dim=-2)
+    ok = (isinstance(l, torch.Tensor) and isinstance(acc, torch.Tensor) and l.shape == expected_out.shape[:-1] + (1,)
+          and acc.shape == expected_out.shape and torch.allclose(acc / l, expected_out, atol=1e-5, rtol=1e-4))
+    if (not ok and isinstance(got[0], torch.Tensor) and tuple(got[0].shape) == (*lead, T, 1)
+            and torch.isfinite(got[0][..., 0, :]).all()):
+        raise CheckError(
+            "after a block whose scores are all -inf for one query, that query's m was finite (you returned "
+            f"{got[0][(0,) * len(lead) + (0, 0)].item():g}), so the next block, with scores of about -200, was "
+            "exponentiated relative to it: exp(-200) is 0 in float32, l stays 0 and acc / l is NaN or wrong. Such a "
+            "query has seen no score yet, so its running maximum must stay -inf; the 0 used to exponentiate the "
+            "masked block is only a shift for that step, not the new m"
+        )
+    check_close(acc / l, expected_out, name="acc / l after a fully masked block, then scores of about -200",
+                shape=shape_v, dims=dims,
+                hint="a masked block must contribute nothing, however small the later scores are")
     # Backward through the whole fold: acc / l must pass the same gradient to every score and value as the reference.
     flat = tuple(t for block in blocks for t in block)
 

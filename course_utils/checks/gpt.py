@@ -28,6 +28,30 @@ def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+_CLASSES = ("the (B, T, V) logits went to F.cross_entropy as they are. It reads the classes from dimension 1 of a "
+            "3-D input, here the T positions, not the V vocabulary entries, so the targets were scored against the "
+            "wrong axis (the shift itself is right). Either flatten the logits to (B·T, V) and the targets to (B·T,), "
+            "or move the vocabulary to dimension 1, (B, V, T)")
+
+
+def _classes_on_dimension_1(fn: Callable[..., Any], seed: int) -> bool:
+    """Whether ``fn`` computes the loss with the (B, T, V) logits as they are, classes read from dimension 1.
+
+    With T != V that raises a shape error; here T = V, so it runs, and gives that value."""
+    g = torch.Generator().manual_seed(seed)
+    model = _tiny_model(4, 5, seed)
+    tokens = torch.randint(0, 4, (3, 5), generator=g)  # B = 3, T = V = 4
+    try:
+        got = call(fn, model, tokens, name="next_token_loss")
+        with torch.no_grad():
+            wrong = F.cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
+            right = gpt.next_token_loss(model, tokens)
+    except CheckError:
+        return False
+    return (isinstance(got, torch.Tensor) and got.shape == () and torch.allclose(got.detach(), wrong, atol=1e-5)
+            and not torch.allclose(wrong, right, atol=1e-5))
+
+
 def check_next_token_loss(fn: Callable[..., Any], seed: int = 0, B: int = 3, T: int = 5, V: int = 7) -> None:
     """Check a learner's ``next_token_loss(model, tokens)`` (notebook 09, exercise 1).
 
@@ -66,11 +90,18 @@ def _next_token_loss_once(fn: Callable[..., Any], seed: int, B: int, T: int, V: 
             "softmax applied before the cross-entropy, which applies log-softmax itself: pass the logits":
                 _cross_entropy(torch.softmax(logits, dim=-1), targets),
         }
+        if T == V:  # else F.cross_entropy raises
+            suspects[_CLASSES] = F.cross_entropy(logits, targets)
         if B > 1 and T > 1:
             suspects["the logits and the targets are flattened in different orders (one of them transposed)"] = \
                 F.cross_entropy(logits.reshape(-1, V), targets.T.reshape(-1))
-    got = call(fn, model, tokens, name="next_token_loss", expected="a scalar tensor, the mean loss",
-               error_hint="tokens is (B, T + 1); the model takes (B, T) ids and returns (B, T, V) logits")
+    try:
+        got = call(fn, model, tokens, name="next_token_loss", expected="a scalar tensor, the mean loss",
+                   error_hint="tokens is (B, T + 1); the model takes (B, T) ids and returns (B, T, V) logits")
+    except CheckError:
+        if _classes_on_dimension_1(fn, seed):
+            raise CheckError(_CLASSES) from None
+        raise
     if not torch.equal(tokens, copy):
         raise CheckError("next_token_loss changed tokens in place: slice it, do not write into it")
     if isinstance(got, float):
@@ -232,6 +263,14 @@ def _attend_with_cache_once(fn: Callable[..., Any], seed: int, B: int, H: int, G
                 hint="piece by piece, with the cache, must equal the whole sequence at once")
 
 
+def _heads_in_turn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, S: int) -> torch.Tensor:
+    """Causal grouped attention in which query head h reads group h % G (the other order of heads)."""
+    H, T, G = q.shape[1], q.shape[2], k.shape[1]
+    mask = torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)
+    k, v = k.repeat(1, H // G, 1, 1), v.repeat(1, H // G, 1, 1)  # (B, H, S, Dh): group h % G for head h
+    return gpt.grouped_attention(q, k, v, mask)
+
+
 def _check_cache_case(fn: Callable[..., Any], label: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       cache: tuple[torch.Tensor, torch.Tensor] | None) -> None:
     __tracebackhide__ = True  # noqa: F841
@@ -266,5 +305,9 @@ def _check_cache_case(fn: Callable[..., Any], label: str, q: torch.Tensor, k: to
     if T > 1:
         suspects["no causal mask: a new position must not see the new positions after it"] = \
             gpt.grouped_attention(q, want_k, want_v, None)
+    if 1 < G < H:  # with one group, or one per head, the two orders agree
+        suspects[f"the query heads were matched to the groups in turn (head h reads group h % G, the groups "
+                 f"repeated as a whole): in this course the heads of a group sit side by side, so heads 0 .. "
+                 f"{H // G - 1} read group 0, the next {H // G} group 1, and so on"] = _heads_in_turn(q, want_k, want_v, S)
     check_close(out, expected, name=f"{label}: out", shape="B H T Dh", dims={"B": B, "H": H, "T": T, "Dh": Dh},
                 suspects=suspects, hint="new query i sits at position P + i and may attend to keys 0 .. P + i")

@@ -10,6 +10,7 @@ import torch
 from course_utils.blocks import attention, masks
 from course_utils.checks.core import (call, check_close, check_gradients, check_tensor, passed, reference_guard,
                                      shape_cases, sweep)
+from course_utils.checks.inspection import has_python_loop, torch_calls
 from course_utils.core.errors import CheckError
 
 
@@ -72,7 +73,10 @@ def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed:
     Tried on (B, T, D) and (B, S, D) inputs, then on (B, H, T, D) and
     (B, H, S, D) inputs with a head axis, forward and backward; at the sizes
     asked for, then at B = 1, at H = 1 and at sizes that all differ.
-    ``einsum`` is ruled out by the exercise text.
+    The exercise asks for ``@`` and no loops: a function that never calls ``@``
+    (nor ``torch.matmul``, ``bmm``), such as a broadcast product summed over the
+    features, is rejected, as is one with a Python loop, and ``einsum`` is ruled
+    out by name.
 
     Raises:
         CheckError: Naming the likely bug.
@@ -84,7 +88,22 @@ def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed:
     with reference_guard(fn, attention.pairwise_scores, ruled_out={
             torch.einsum: "your function calls torch.einsum, which this exercise rules out: write it with `@`"}):
         sweep(lambda B, T, S, D, H=None: _pairwise_scores_once(fn, seed, B, T, S, D, H), cases)
+        g = torch.Generator().manual_seed(seed)
+        _, names = torch_calls(fn, torch.randn(B, T, D, generator=g), torch.randn(B, S, D, generator=g),
+                               name="pairwise_scores", expected=f"scores of shape (B, T, S) = {(B, T, S)}")
+        if names is not None and "einsum" not in names and not names & _MATRIX_PRODUCTS:
+            raise CheckError("the scores are right, but your function computes them without `@` (or torch.matmul), "
+                             "which the exercise asks for: a product of q and k broadcast against each other and "
+                             "summed over the features gives the same numbers, but only after it has built a "
+                             "(..., T, S, Dk) tensor, Dk times the size of the scores")
+        if has_python_loop(fn):
+            raise CheckError("the scores are right, but your function has a Python loop (a `for` or `while` loop, or "
+                             "a comprehension), which the exercise rules out (\"no loops\"): one `@` computes the "
+                             "scores of every batch element and head at once")
     passed("pairwise_scores")
+
+
+_MATRIX_PRODUCTS = {"matmul", "__matmul__", "__rmatmul__", "__imatmul__", "bmm", "mm"}  # `@` and its spellings
 
 
 def _pairwise_scores_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int, B: int, T: int, S: int, D: int,
@@ -108,7 +127,8 @@ def _pairwise_scores_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed:
         (T, S): "the batch dimension is gone: every batch element needs its own (T, S) scores",
     }
     suspects = {
-        "only the first batch element is right: loop over (or broadcast across) every batch element":
+        "only the first batch element is right: every batch element needs its scores (`@` treats the leading axes "
+        "as batch axes)":
             expected[:1].expand_as(expected),
         "the scores are divided by √D: this exercise asks for the plain dot product (the scaling comes in notebook 04)":
             expected / D**0.5,
@@ -148,6 +168,10 @@ def check_masked_softmax(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: 
     no allowed key must come back as zeros, not NaN. Then scores of about ±1e4
     (exp overflows without subtracting the row's maximum) and a backward pass;
     all at the sizes asked for, at B = 1, T = 1 and at sizes that all differ.
+    Last, at the sizes asked for: ``mask=None`` (every key allowed, a plain
+    softmax), and a NaN in the scores at an allowed key, which must come out as
+    NaN: only the rows with no allowed key are repaired, so a NaN patched after
+    the softmax (``nan_to_num``) is rejected.
 
     Raises:
         CheckError: Naming the likely bug.
@@ -156,7 +180,40 @@ def check_masked_softmax(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: 
     with reference_guard(fn, attention.masked_softmax):
         sweep(lambda B, T, S: _masked_softmax_once(fn, seed, B, T, S),
               shape_cases({"B": B, "T": T, "S": S}, ones=("B", "T"), distinct={"B": 3, "T": 4, "S": 5}))
+        _masked_softmax_no_mask_and_nan(fn, seed, B, T, S)
     passed("masked_softmax")
+
+
+def _masked_softmax_no_mask_and_nan(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int,
+                                    B: int, T: int, S: int) -> None:
+    """``mask=None`` is a plain softmax; a NaN in the scores at an allowed key stays NaN (only empty rows are repaired)."""
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    dims = {"B": B, "T": T, "S": S}
+    scores = 2 * torch.randn(B, T, S, generator=g)
+    got = call(fn, scores, None, name="masked_softmax", expected=f"weights of shape (B, T, S) = {(B, T, S)}",
+               error_hint="mask=None means that every key may be attended to: then the weights are a plain softmax "
+                          "over the keys (the exercise's signature has mask=None as its default)")
+    check_close(got, attention.masked_softmax(scores, None), name="weights with mask=None", shape="B T S", dims=dims,
+                hint="with mask=None every key is allowed: each row is a plain softmax over the keys")
+
+    lengths = torch.tensor([S, 0][:B] + [S] * max(0, B - 2))  # a full sequence, and one whose keys are all masked
+    mask = masks.padding_mask(lengths, S)  # (B, 1, S)
+    scores[0, 0, 0] = float("nan")  # at an allowed key of the first query: a bug upstream of the softmax
+    got = call(fn, scores, mask, name="masked_softmax", expected=f"weights of shape (B, T, S) = {(B, T, S)}")
+    expected = attention.masked_softmax(scores, mask)  # NaN in the first query's row only
+    got = check_tensor(got, name="weights for scores with a NaN", shape="B T S", dims=dims, dtype=scores.dtype,
+                       allow_nan=True)
+    if not torch.isnan(got[0, 0]).any():
+        raise CheckError("the scores had a NaN at a key that may be attended to, and it vanished: that row of your "
+                         "weights has no NaN. Patching NaN after the softmax (nan_to_num, or torch.where on isnan) "
+                         "also hides a NaN that came in with the scores, a bug further up that must stay visible. "
+                         "Repair only the rows with no allowed key, and find them from the mask")
+    first = torch.zeros(B, T, 1, dtype=torch.bool)
+    first[0, 0] = True  # the row with the NaN
+    check_close(got.masked_fill(first, 0.0), expected.masked_fill(first, 0.0), name="weights for scores with a NaN",
+                shape="B T S", dims=dims, hint="only the row whose scores hold the NaN may change: every other row "
+                                               "is a softmax over its allowed keys, or zeros when it has none")
 
 
 def _masked_softmax_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int, B: int, T: int, S: int) -> None:

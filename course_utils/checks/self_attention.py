@@ -62,7 +62,8 @@ def check_scaled_dot_product_attention(fn: Callable[..., Any], seed: int = 0, B:
 
     Notebook 03, exercise 1. Inputs are (B, H, T, Dk), (B, H, S, Dk), (B, H, S, Dv),
     three different tensors. Calls: no mask; a padding-and-causal mask; a mask
-    with a fully masked row (zeros expected, not NaN); an explicit ``scale``;
+    with a fully masked row (zeros expected, not NaN); an explicit ``scale``, and
+    ``scale=0.0`` with the mask (uniform weights over the allowed keys, not 1/sqrt(Dk));
     the other mask shapes the text allows ((B, 1, 1, S), (T, S), (B, H, T, S));
     scores of about ±1e4; then a backward pass. All at the sizes asked for, at
     B = 1, H = 1, T = 1, S = 1, at sizes that all differ (so a transposed
@@ -109,6 +110,7 @@ def _sdpa_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T: int,
              ("with a query whose keys are all masked", (q, k, v, empty), empty)]
     expected_scale = 0.5
     cases.append((f"with scale={expected_scale}", (q, k, v, None, expected_scale), None))
+    cases.append(("with a mask and scale=0.0", (q, k, v, mask, 0.0), mask))  # every score 0: uniform weights
     for shape_letters, other in ((" ".join(letters[:1] + ("1",) * len(letters[1:]) + ("1", "S")), padding),
                                  ("T S", masks.causal_mask(T, S)), (" ".join(letters + ("T", "S")), per_query)):
         sizes = tuple(dims.get(n, 1) for n in shape_letters.split())
@@ -139,9 +141,14 @@ def _sdpa_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T: int,
                 f"{label}: that query's weights are NaN (a softmax over only -inf is 0/0). Give a query with no "
                 "allowed key zero weights: e.g. the masked_softmax of notebook 00"
             )
-        if scale is not None:
+        if scale == 0.0:
+            suspects = {"with scale=0.0 they are the weights of scale=None: a test such as `scale or ...` treats 0.0 "
+                        "as missing, because 0.0 is false in Python. Compare with `is None`. With scale=0.0 every "
+                        "score is 0, so each query's weights are uniform over its allowed keys":
+                        attention.scaled_dot_product_attention(q, k, v, case_mask)}
+        elif scale is not None:
             suspects = {"the `scale` argument was ignored: use it when it is given, 1/sqrt(Dk) only when it is None":
-                        attention.scaled_dot_product_attention(q, k, v, None)}
+                        attention.scaled_dot_product_attention(q, k, v, case_mask)}
         else:
             suspects = _sdpa_suspects(q, k, v, case_mask)
         hints = {
@@ -210,12 +217,12 @@ WORKED_EXAMPLE_WRONG = frozenset({1, 4, 5, 6})
 def check_spot_the_error(answer: Any) -> None:
     """Check the set of wrong statement numbers of notebook 03's "spot the error" exercise.
 
-    A wrong answer is told only how many of its numbers are not wrong statements,
-    and how many wrong statements it is missing: never which, nor a topic that
-    would narrow them down, so one try does not give the key away.
+    A wrong answer is told only how many of its numbers are wrong statements and
+    how many are right ones, and how many wrong statements it misses: never which,
+    nor a topic that would narrow them down, so one try does not give the key away.
 
     Raises:
-        CheckError: Giving the two counts.
+        CheckError: Giving the counts.
     """
     __tracebackhide__ = True  # noqa: F841
     if answer is None:
@@ -230,12 +237,16 @@ def check_spot_the_error(answer: Any) -> None:
                              f"{len(WORKED_EXAMPLE_STATEMENTS)}")
         numbers.add(item)
     flagged_right = len(numbers - WORKED_EXAMPLE_WRONG)  # statements flagged as wrong that are right
+    found = len(numbers) - flagged_right  # wrong statements flagged, as they should be
     missing = len(WORKED_EXAMPLE_WRONG - numbers)  # wrong statements not flagged
     if flagged_right or missing:
+        size = f"{len(numbers)} number{'' if len(numbers) == 1 else 's'}"
+        content = ("your set is empty" if not numbers else
+                   f"your set of {size} has {found} of the wrong statements and {flagged_right} of the right ones "
+                   "(only wrong statements belong in it)")
         raise CheckError(f"{flagged_right + missing} of the {len(WORKED_EXAMPLE_STATEMENTS)} statements misjudged: "
-                         f"{flagged_right} of the {len(numbers)} statements in your set "
-                         f"{'is' if flagged_right == 1 else 'are'} right, and your set misses {missing} of the wrong "
-                         "ones. Read each statement again against section 7's worked example")
+                         f"{content}, and misses {missing} wrong statement{'' if missing == 1 else 's'}. Read each "
+                         "statement again against section 7's worked example")
     passed("spot the error")
 
 

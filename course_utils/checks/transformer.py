@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,8 @@ from course_utils.core.errors import CheckError
 def check_layer_norm(fn: Callable[..., Any], seed: int = 0, B: int = 2, T: int = 3, D: int = 6) -> None:
     """Check a learner's ``layer_norm(x, weight, bias, eps=1e-5) -> (B, T, D)`` (notebook 07, exercise 1).
 
-    One token has a tiny variance (1e-6), so where eps goes matters. Then a
+    One token has a tiny variance (1e-6), so where eps goes matters; the same
+    tokens with eps=0.5 catch an answer that ignores its eps. Then a
     token with all features equal (variance 0), a token far from 0 (mean 1000,
     spread 1: E[x²] - E[x]² loses every digit in float32) and a backward pass. At
     the sizes asked for, at B = 1, T = 1 and sizes that all differ, and on
@@ -76,6 +78,14 @@ def _layer_norm_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T
     check_close(got, expected, name="the normalised tokens", shape=shape, dims=dims,
                 suspects=suspects, hint="compare the mean, the variance, eps, the gain and the shift with section 1's "
                                         "equation, one at a time")
+    # Another eps, large enough to change every token: an answer that ignores its eps argument gives eps=1e-5's output.
+    got = call(fn, x, weight, bias, 0.5, name="layer_norm",
+               expected=f"a ({', '.join(shape.split())}) = {tuple(x.shape)} tensor")
+    check_close(got, transformer.layer_norm(x, weight, bias, 0.5), name="the normalised tokens for eps=0.5",
+                shape=shape, dims=dims,
+                suspects={"layer_norm ignored its eps argument: called with eps=0.5, it returned what eps=1e-5 gives. "
+                          "Use the eps it is given; 1e-5 is only the default": expected},
+                hint="the output for eps=1e-5 was right, for eps=0.5 it is not: look at where eps goes")
     # Two boundary tokens: all features equal (variance 0: the output is the shift), and one far from 0.
     edge = torch.randn(*lead, T, D, generator=g)
     tokens = edge.view(-1, D)  # (number of tokens, D), a view of edge
@@ -103,7 +113,12 @@ def _layer_norm_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T
 
 def _black_box_blocks(D: int) -> list[tuple[str, bool, bool, Callable[[torch.Tensor], torch.Tensor]]]:
     """(description, pre-LN?, LayerNorms changed?, the block as a plain function of x) for ``check_is_pre_ln``."""
-    memory = torch.randn(2, 7, D)  # (B, S, D), what the decoder blocks read
+    sources = torch.randn(2, 7, D)  # (2, S, D): what the decoder blocks read
+
+    def memory(x: torch.Tensor) -> torch.Tensor:
+        """(B, S, D) for an input of any batch size B: the two sources in turn."""
+        return sources[torch.arange(x.shape[0]) % len(sources)] if x.dim() == 3 else sources[0]
+
     cases = []
     for norm_first in (False, True):
         kind = "pre-LN" if norm_first else "post-LN"
@@ -120,7 +135,7 @@ def _black_box_blocks(D: int) -> list[tuple[str, bool, bool, Callable[[torch.Ten
             cases.append((f"a {kind} encoder block ({norms})", norm_first, learned,
                           lambda x, block=encoder: block(x)))
             cases.append((f"a {kind} decoder block ({norms})", norm_first, learned,
-                          lambda x, block=decoder: block(x, memory)))
+                          lambda x, block=decoder: block(x, memory(x))))
         theirs = torch.nn.TransformerEncoderLayer(D, 2, 2 * D, dropout=0.0, batch_first=True,
                                                   norm_first=norm_first).eval()
         cases.append((f"a {kind} nn.TransformerEncoderLayer", norm_first, False, lambda x, block=theirs: block(x)))
@@ -130,8 +145,8 @@ def _black_box_blocks(D: int) -> list[tuple[str, bool, bool, Callable[[torch.Ten
 def check_is_pre_ln(fn: Callable[..., Any], seed: int = 0, D: int = 16) -> None:
     """Check a learner's ``is_pre_ln(block, D) -> bool`` on black-box blocks (notebook 07, exercise 2).
 
-    The blocks are plain functions from (B, T, D) to (B, T, D): encoder and
-    decoder blocks of the course and of PyTorch, pre-LN and post-LN, with
+    The blocks are plain functions from (B, T, D) to (B, T, D), for any B:
+    encoder and decoder blocks of the course and of PyTorch, pre-LN and post-LN, with
     LayerNorms whose gain and shift are the defaults (1 and 0) or random.
 
     Raises:
@@ -185,6 +200,9 @@ _LAYERS = (("a post-LN layer", False, "relu"), ("a pre-LN layer", True, "relu"),
            ("a post-LN layer with GELU", False, "gelu"), ("a pre-LN layer with GELU", True, "gelu"))
 _COPIES = ("copies PyTorch's weights into the course's modules for you, and reading them is the exercise: take the "
            "blocks of in_proj_weight and in_proj_bias yourself")
+_TANH_GELU = ("this layer's activation is the exact GELU, x·Φ(x) with Φ the normal distribution function, which is "
+              "what activation='gelu' means in PyTorch's layer; your function uses its tanh approximation "
+              "(approximate='tanh'), whose values and gradients differ slightly from it")
 _ATTENTION = ("your function calls PyTorch's attention (nn.MultiheadAttention or F.multi_head_attention_forward), "
               "which reads in_proj_weight for you: compute the attention from the weights in state")
 
@@ -252,7 +270,8 @@ def _torch_decoder(layer: torch.nn.Module, x: torch.Tensor, memory: torch.Tensor
 def _decoder_variant(layer: Any, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None, *,
                      causal: str = "yes", pad: str = "yes", norm_memory: bool = False, blocks: tuple[int, ...] = (0, 1, 2),
                      transposed: bool = False, bias: bool = True, pre_ln: bool | None = None, width_scale: bool = False,
-                     cross_reads_target: bool = False, out_proj: bool = True, relu: bool = False) -> torch.Tensor:
+                     cross_reads_target: bool = False, out_proj: bool = True, relu: bool = False,
+                     tanh_gelu: bool = False) -> torch.Tensor:
     """The layer's output with one deliberate mistake (the keyword that is not at its default)."""
     pre_ln = layer.norm_first if pre_ln is None else pre_ln
     T = x.shape[1]
@@ -279,10 +298,21 @@ def _decoder_variant(layer: Any, x: torch.Tensor, memory: torch.Tensor, memory_m
             return attend(layer.multihead_attn, h, h, None)  # the target again, without the source's mask
         return attend(layer.multihead_attn, h, layer.norm2(memory) if norm_memory and pre_ln else memory, cross_mask)
 
-    activation = F.relu if relu else layer.activation
+    activation = F.relu if relu else _gelu_tanh if tanh_gelu else layer.activation
     h = transformer.residual(x, lambda h: attend(layer.self_attn, h, h, self_mask), layer.norm1, pre_ln)
     h = transformer.residual(h, cross, layer.norm2, pre_ln)
     return transformer.residual(h, lambda h: layer.linear2(activation(layer.linear1(h))), layer.norm3, pre_ln)
+
+
+def _gelu_tanh(h: torch.Tensor) -> torch.Tensor:
+    return F.gelu(h, approximate="tanh")
+
+
+def _with_tanh_gelu(layer: torch.nn.TransformerDecoderLayer) -> torch.nn.TransformerDecoderLayer:
+    """A copy of a GELU layer that uses the tanh approximation of GELU instead."""
+    other = copy.deepcopy(layer)
+    other.activation = _gelu_tanh
+    return other
 
 
 def _decoder_suspects(layer: Any, x: torch.Tensor, memory: torch.Tensor,
@@ -318,6 +348,8 @@ def _decoder_suspects(layer: Any, x: torch.Tensor, memory: torch.Tensor,
         "the attention's output projection (out_proj) is missing": dict(out_proj=False),
         "this layer's activation is GELU (activation='gelu'), not ReLU": dict(relu=True),
     }
+    if layer.activation is F.gelu:
+        mistakes[_TANH_GELU] = dict(tanh_gelu=True)
     if memory_mask is not None and x.shape[0] == layer.self_attn.num_heads > 1:  # else it raises, or is right (B = 1)
         mistakes["memory_mask was used without a head axis. (B, 1, S) is the shape for (B, T, S) scores; against the "
                  "cross-attention's (B, H, T, S) scores its batch axis lines up with the heads (it runs only because "
@@ -381,9 +413,32 @@ def _decoder_layer_once(fn: Callable[..., Any], seed: int, B: int, T: int, S: in
             return _torch_decoder(layer, x, memory, pad, dict(zip(names, weights)))
 
         args = (x, memory, *saved.values())
-        check_gradients(learner, args, reference, name="decoder_layer_forward",
-                        wrt=_with_a_gradient(reference, args, ["x", "memory", *names]),
-                        what=f"the outputs of {description}", seed=seed, atol=1e-4, rtol=1e-3)
+        wrt = _with_a_gradient(reference, args, ["x", "memory", *names])
+        try:
+            check_gradients(learner, args, reference, name="decoder_layer_forward", wrt=wrt,
+                            what=f"the outputs of {description}", seed=seed, atol=1e-4, rtol=1e-3)
+        except CheckError:
+            # The tanh approximation of GELU is within the tolerance in value, not in gradient: name it, if it is that.
+            if activation != "gelu" or not _tanh_gelu_gradients(learner, args, layer, names, pad, wrt, seed):
+                raise
+            raise CheckError(f"the outputs of {description} are close in value, but not in gradient: {_TANH_GELU}") \
+                from None
+
+
+def _tanh_gelu_gradients(learner: Callable[..., Any], args: tuple[torch.Tensor, ...], layer: Any, names: list[str],
+                        pad: torch.Tensor, wrt: dict[int, str], seed: int) -> bool:
+    """Whether the learner's gradients are those of the layer with the tanh approximation of GELU."""
+    tanh_layer = _with_tanh_gelu(layer)
+
+    def reference(x: torch.Tensor, memory: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        return _torch_decoder(tanh_layer, x, memory, pad, dict(zip(names, weights)))
+
+    try:
+        check_gradients(learner, args, reference, name="decoder_layer_forward", wrt=wrt, what="the outputs",
+                        seed=seed, atol=1e-4, rtol=1e-3)
+    except CheckError:
+        return False
+    return True
 
 
 def _with_a_gradient(reference: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...],
