@@ -174,7 +174,9 @@ def sandbox_command(argv: list[str], work: Path, hide: list[Path], limits: Limit
             layers.append((len(mask.parts), 0, ["--size", str(limits.tmp_bytes), "--tmpfs", str(mask)]))
         else:
             layers.append((len(mask.parts), 0, ["--tmpfs", str(mask)]))
-    for keep in needed_paths():
+    # Also every folder Python imports from here (an editable install's source, PYTHONPATH), unless hidden.
+    shown = dict.fromkeys([*needed_paths(), *(Path(p).resolve() for p in sys.path if p and Path(p).is_dir())])
+    for keep in shown:
         if any(keep.is_relative_to(m) for m in _masked()) and not any(keep.is_relative_to(h) for h in hidden):
             layers.append((len(keep.parts), 1, ["--ro-bind", str(keep), str(keep)]))
     for folder in hidden:
@@ -193,7 +195,7 @@ def sandbox_command(argv: list[str], work: Path, hide: list[Path], limits: Limit
                 "IPYTHONDIR": str(work / "ipython"), "MPLCONFIGDIR": str(work / "matplotlib"),
                 "JUPYTER_PLATFORM_DIRS": "1"}
     # The settings the course's kernels run with (pinned code paths, hash seed) and the short-training flag.
-    for name in ("PYTHONHASHSEED", "IPYKERNEL_CELL_NAME", "VIRTUAL_ENV", SMOKE_ENV, *PINNED_ENV):
+    for name in ("PYTHONHASHSEED", "PYTHONPATH", "IPYKERNEL_CELL_NAME", "VIRTUAL_ENV", SMOKE_ENV, *PINNED_ENV):
         if name in os.environ:
             keep_env[name] = os.environ[name]
     env = [arg for name, value in sorted(keep_env.items()) for arg in ("--setenv", name, value)]
