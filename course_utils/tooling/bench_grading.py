@@ -17,6 +17,7 @@ than ``SPEEDUP_FLOOR`` times faster than one.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import re
 import shutil
@@ -50,12 +51,23 @@ def _full_marks(results) -> None:
         raise SystemExit(f"grading the instructor notebooks did not give full marks: {wrong[:3]}")
 
 
-def _timed(submissions: Path, out: Path, jobs: int) -> tuple[float, list]:
-    started = time.monotonic()
+def _busy() -> float:
+    """CPU seconds the whole machine has spent busy so far (Linux /proc/stat; 0 elsewhere)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, idle, iowait, irq, softirq = (int(v) for v in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def _timed(submissions: Path, out: Path, jobs: int) -> tuple[float, list, float]:
+    """Seconds to grade, the results, and the cores busy on average meanwhile (the whole machine)."""
+    started, busy = time.monotonic(), _busy()
     results = autograde(submissions, course=out, jobs=jobs, progress=lambda line: print("  " + line, flush=True))
     seconds = time.monotonic() - started
     _full_marks(results)
-    return seconds, results
+    return seconds, results, (_busy() - busy) / seconds
 
 
 def measure(students: int = 4) -> dict:
@@ -64,25 +76,26 @@ def measure(students: int = 4) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-grading-", dir=ROOT / "build") as tmp:
         base = Path(tmp)
         print("one student, JOBS=1")
-        one, results = _timed(_class(base / "one", 1, notebooks), base / "out-one", 1)
+        one, results, one_busy = _timed(_class(base / "one", 1, notebooks), base / "out-one", 1)
         split = {r.notebook: r.seconds for r in results}
         klass = _class(base / "class", students, notebooks)
         print(f"{students} students, JOBS=1")
-        serial, _ = _timed(klass, base / "out-serial", 1)
+        serial, _, serial_busy = _timed(klass, base / "out-serial", 1)
         print(f"{students} students, JOBS=2")
-        parallel, _ = _timed(klass, base / "out-parallel", 2)
-    return {"one": one, "split": split, "students": students, "serial": serial, "parallel": parallel}
+        parallel, _, parallel_busy = _timed(klass, base / "out-parallel", 2)
+    return {"one": one, "split": split, "students": students, "serial": serial, "parallel": parallel,
+            "busy": {"one": one_busy, "serial": serial_busy, "parallel": parallel_busy}}
 
 
 def table(m: dict) -> str:
     lines = [f"Measured by `make bench-grading` on {platform.machine()} with {_cores()} cores: the instructor "
              "notebooks graded as submissions (full marks each time).", "",
-             "| what | seconds |", "|---|---|",
-             f"| one student's ten notebooks, `JOBS=1` | {m['one']:.0f} |"]
-    lines += [f"| · {stem} | {seconds:.1f} |" for stem, seconds in sorted(m["split"].items())]
-    lines += [f"| {m['students']} students, `JOBS=1` | {m['serial']:.0f} |",
-              f"| {m['students']} students, `JOBS=2` | {m['parallel']:.0f} |",
-              f"| speed-up of `JOBS=2` over `JOBS=1` | {m['serial'] / m['parallel']:.2f}× |"]
+             "| what | seconds | cores busy on average |", "|---|---|---|",
+             f"| one student's ten notebooks, `JOBS=1` | {m['one']:.0f} | {m['busy']['one']:.2f} |"]
+    lines += [f"| · {stem} | {seconds:.1f} | |" for stem, seconds in sorted(m["split"].items())]
+    lines += [f"| {m['students']} students, `JOBS=1` | {m['serial']:.0f} | {m['busy']['serial']:.2f} |",
+              f"| {m['students']} students, `JOBS=2` | {m['parallel']:.0f} | {m['busy']['parallel']:.2f} |",
+              f"| speed-up of `JOBS=2` over `JOBS=1` | {m['serial'] / m['parallel']:.2f}× | |"]
     return "\n".join(lines)
 
 
