@@ -13,6 +13,10 @@ A common core and one module per notebook:
   exercise allows: B = 1, H = 1, sizes that all differ, other numbers of
   leading axes) and ``reference_guard`` (rejects a function that is, or
   calls, the course's reference for the same job);
+* build, then use, in ``checks.flow``: an exercise left open does not stop a
+  learner's notebook, ``answer_or_reference`` gives the cells after an exercise
+  the learner's function once it passes (the reference until then), and
+  ``compare_guess`` ends a prediction;
 * exercise checkers, named after the concept they check
   (``check_padding_mask``, ``check_pairwise_scores``, ``check_masked_softmax``),
   each taking the learner's function and raising ``CheckError`` whose message
@@ -27,6 +31,7 @@ Every checker is tested against known-buggy answers in ``tests/test_checks.py``.
 """
 
 from course_utils.checks.hints import hint
+from course_utils.checks.flow import answer_or_reference, compare_guess, exercise_check
 from course_utils.checks.core import (
     describe,
     call,
@@ -93,6 +98,9 @@ from course_utils.core.errors import CheckError
 
 __all__ = [
     "hint",
+    "answer_or_reference",
+    "compare_guess",
+    "exercise_check",
     "CheckError",
     "call",
     "check_additive_scores",

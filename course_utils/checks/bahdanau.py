@@ -11,8 +11,10 @@ from course_utils.blocks import attention, scorers, seq2seq
 from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
                                      shape_cases, sweep)
 from course_utils.core.errors import CheckError
+from course_utils.checks.flow import exercise_check
 
 
+@exercise_check
 def check_additive_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0,
                           B: int = 3, S: int = 5, A: int = 4) -> None:
     """Check a learner's ``additive_scores(q_proj, k_proj, v_a) -> (B, S)`` (notebook 02, exercise 1).
@@ -97,6 +99,7 @@ def _run_scorer(fn: Callable[..., Any], reference: Callable[..., torch.Tensor], 
     return got, reference(*inputs)
 
 
+@exercise_check
 def check_attend(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0,
                  B: int = 3, S: int = 5, Dk: int = 4) -> None:
     """Check a learner's ``attend(scores, values, mask) -> (context, weights)`` (notebook 02, exercise 2).
@@ -212,6 +215,7 @@ def _attend_once(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], 
                     what="the context and the weights", seed=seed)
 
 
+@exercise_check
 def check_bilinear_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0,
                           B: int = 2, S: int = 5, R: int = 3, Dk: int = 4) -> None:
     """Check a learner's ``bilinear_scores(query, keys, W) -> (B, S)`` (notebook 02, exercise 3).
@@ -257,6 +261,7 @@ def _bilinear_scores_once(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor
                     what="the scores", seed=seed)
 
 
+@exercise_check
 def check_attention_step(step: Callable[..., Any], seed: int = 0, B: int = 3, S: int = 5) -> None:
     """Check a decoder step written like ``AttentionDecoder.step`` (notebook 02, common pitfalls).
 
@@ -332,6 +337,7 @@ def check_attention_step(step: Callable[..., Any], seed: int = 0, B: int = 3, S:
 _LUONG_OUTPUTS = "a tuple (state s_i (B, R), context c_i (B, Dk), attentional s~_i (B, R), weights w_i (B, S))"
 
 
+@exercise_check
 def check_luong_step(fn: Callable[..., Any], seed: int = 0, B: int = 3, S: int = 5, R: int = 6, Dk: int = 8,
                      score: scorers.ScoreKind = "additive") -> None:
     """Check a learner's ``luong_step(emb, state, enc_states, projected_keys, mask, cell, score, W_c)`` (02, exercise 4).

@@ -17,6 +17,7 @@ import torch
 from course_utils.blocks import decoding, seq2seq
 from course_utils.checks.core import call, check_tensor, describe, passed, reference_guard, sweep
 from course_utils.core.errors import CheckError
+from course_utils.checks.flow import exercise_check
 
 
 # --- exercise 3: beam search ---------------------------------------------------------------------------------
@@ -123,6 +124,7 @@ _STATE_MISTAKE = ("each kept extension went on from the decoder state at its own
                   "change places in the beam from one step to the next)")
 
 
+@exercise_check
 def check_beam_search(fn: Callable[..., Any], seed: int = 0, B: int = 4, S: int = 5, V: int = 7, k: int = 3,
                       max_len: int = 6) -> None:
     """Check a learner's ``beam_search(model, src, src_lengths, beam_size, max_len)`` (notebook 01, exercise 3).

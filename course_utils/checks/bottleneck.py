@@ -18,6 +18,7 @@ from course_utils.checks.core import call, check_tensor, passed, reference_guard
 from course_utils.checks.inspection import has_python_loop
 from course_utils.core.errors import CheckError
 from course_utils.experiments import training
+from course_utils.checks.flow import exercise_check
 
 
 def _compare_rows(got: torch.Tensor, expected: torch.Tensor, name: str, suspects: Mapping[str, torch.Tensor],
@@ -34,6 +35,7 @@ def _compare_rows(got: torch.Tensor, expected: torch.Tensor, name: str, suspects
     raise CheckError(f"{name} have the right shape, but rows {wrong} of {close.shape[0]} are wrong. {hint}")
 
 
+@exercise_check
 def check_final_states(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
                        B: int = 4, S: int = 6, R: int = 3) -> None:
     """Check a learner's ``final_states(states, lengths) -> (B, R)`` (notebook 01, exercise 1).
@@ -104,6 +106,7 @@ def _final_states_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: in
                          "last real token of each row")
 
 
+@exercise_check
 def check_sequence_exact_match(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
                                B: int = 6, T: int = 7) -> None:
     """Check a learner's ``sequence_exact_match(tokens, targets) -> (B,) bool`` (notebook 01, exercise 2).

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from course_utils.core.errors import CheckError
+from course_utils.core.errors import CheckError, ExerciseOpen
 
 
 def describe(x: Any) -> str:
@@ -76,7 +76,7 @@ def call(fn: Callable[..., Any], *args: Any, name: str | None = None, expected: 
         with guard.watching() if guard is not None else nullcontext():
             return fn(*args)
     except NotImplementedError:
-        raise CheckError(
+        raise ExerciseOpen(
             f"{name} is not written yet: replace `raise NotImplementedError()` with your code. "
             f"It should return {expected}."
         ) from None

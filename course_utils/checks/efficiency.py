@@ -16,6 +16,7 @@ from course_utils.checks.core import (call, check_close, check_gradients, check_
                                      reference_guard, shape_cases, sweep)
 from course_utils.core.errors import CheckError
 from course_utils.experiments import efficiency
+from course_utils.checks.flow import exercise_check
 
 
 def _start(lead: tuple[int, ...], T: int, Dv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -31,6 +32,7 @@ def _fold(update: Callable[..., Any], blocks: list[tuple[torch.Tensor, torch.Ten
     return m, l, acc
 
 
+@exercise_check
 def check_online_softmax_update(fn: Callable[..., Any], seed: int = 0, T: int = 3, Dv: int = 4,
                                 block_sizes: tuple[int, ...] = (2, 3, 2)) -> None:
     """Check a learner's ``online_softmax_update(m, l, acc, scores, v) -> (m, l, acc)`` (notebook 08, exercise 1).
@@ -267,6 +269,7 @@ def _causal_suspects(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int) 
     return suspects
 
 
+@exercise_check
 def check_causal_tiled_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2, H: int = 3, T: int = 11,
                                  Dk: int = 5, Dv: int = 6, block_size: int = 4) -> None:
     """Check a learner's ``causal_tiled_attention(q, k, v, block_size) -> (out, tiles)`` (notebook 08, exercise 2).

@@ -12,6 +12,7 @@ from course_utils.blocks import gpt
 from course_utils.checks.core import (call, check_close, check_tensor, describe, passed, reference_guard, shape_cases,
                                      sweep)
 from course_utils.core.errors import CheckError
+from course_utils.checks.flow import exercise_check
 
 
 def _tiny_model(V: int, max_len: int, seed: int) -> gpt.GPT:
@@ -52,6 +53,7 @@ def _classes_on_dimension_1(fn: Callable[..., Any], seed: int) -> bool:
             and not torch.allclose(wrong, right, atol=1e-5))
 
 
+@exercise_check
 def check_next_token_loss(fn: Callable[..., Any], seed: int = 0, B: int = 3, T: int = 5, V: int = 7) -> None:
     """Check a learner's ``next_token_loss(model, tokens)`` (notebook 09, exercise 1).
 
@@ -127,6 +129,7 @@ def _nucleus_size(logits: torch.Tensor, p: float) -> torch.Tensor:
     return torch.isfinite(gpt.filter_logits(logits, top_p=p)).sum(-1)
 
 
+@exercise_check
 def check_filter_logits(fn: Callable[..., Any], seed: int = 0, B: int = 4, V: int = 10) -> None:
     """Check a learner's ``filter_logits(logits, top_k=None, top_p=None)`` (notebook 09, exercise 2).
 
@@ -208,6 +211,7 @@ def _check_filter_case(fn: Callable[..., Any], logits: torch.Tensor, top_k: int 
                      "sampling applies the softmax afterwards)")
 
 
+@exercise_check
 def check_attend_with_cache(fn: Callable[..., Any], seed: int = 0, B: int = 2, H: int = 4, G: int = 2,
                             Dh: int = 8) -> None:
     """Check a learner's ``attend_with_cache(q, k, v, cache)`` (notebook 09, exercise 3).

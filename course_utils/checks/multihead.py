@@ -11,8 +11,10 @@ from course_utils.blocks import attention, masks, multihead
 from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
                                      shape_cases, sweep)
 from course_utils.core.errors import CheckError
+from course_utils.checks.flow import exercise_check
 
 
+@exercise_check
 def check_split_heads(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B: int = 2, T: int = 3, H: int = 4,
                       Dh: int = 5) -> None:
     """Check a learner's ``split_heads(x, num_heads) -> (B, H, T, Dh)`` (notebook 05, exercise 1).
@@ -74,6 +76,7 @@ def _split_heads_once(fn: Callable[[torch.Tensor, int], Any], seed: int, B: int,
     check_gradients(fn, (x, H), multihead.split_heads, name="split_heads", wrt={0: "x"}, what="the heads", seed=seed)
 
 
+@exercise_check
 def check_merge_heads(fn: Callable[[torch.Tensor], Any], seed: int = 0, B: int = 2, H: int = 4, T: int = 3,
                       Dh: int = 5) -> None:
     """Check a learner's ``merge_heads(x) -> (B, T, H * Dh)`` (notebook 05, exercise 2).
@@ -147,6 +150,7 @@ def _runs(attempt: Callable[[], Any]) -> bool:
     return True
 
 
+@exercise_check
 def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2, T: int = 3, S: int = 4,
                                D: int = 12, H: int = 3) -> None:
     """Check a learner's ``multi_head_attention(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads, mask)``.

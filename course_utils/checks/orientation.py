@@ -12,8 +12,10 @@ from course_utils.checks.core import (call, check_close, check_gradients, check_
                                      shape_cases, sweep)
 from course_utils.checks.inspection import has_python_loop, torch_calls
 from course_utils.core.errors import CheckError
+from course_utils.checks.flow import exercise_check
 
 
+@exercise_check
 def check_padding_mask(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B: int = 4, S: int = 6) -> None:
     """Check a learner's ``padding_mask(lengths, S) -> (B, 1, S) bool`` (notebook 00, exercise 1).
 
@@ -66,6 +68,7 @@ def _padding_mask_once(fn: Callable[[torch.Tensor, int], Any], seed: int, B: int
                 hint="position j of sequence b is real exactly when j < lengths[b]")
 
 
+@exercise_check
 def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
                           B: int = 2, T: int = 4, S: int = 6, D: int = 3) -> None:
     """Check a learner's ``pairwise_scores(q, k) -> (..., T, S)`` (notebook 00, exercise 2).
@@ -158,6 +161,7 @@ def _pairwise_scores_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed:
                     what="the scores with a head axis", seed=seed)
 
 
+@exercise_check
 def check_masked_softmax(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
                          B: int = 3, T: int = 4, S: int = 5) -> None:
     """Check a learner's ``masked_softmax(scores, mask) -> weights`` (notebook 00, exercise 3).

@@ -10,8 +10,10 @@ import torch
 from course_utils.blocks import positional
 from course_utils.checks.core import call, check_close, check_gradients, passed, reference_guard, shape_cases, sweep
 from course_utils.core.errors import CheckError
+from course_utils.checks.flow import exercise_check
 
 
+@exercise_check
 def check_sinusoidal_positional_encoding(fn: Callable[[int, int], Any], T: int = 12, D: int = 8) -> None:
     """Check a learner's ``sinusoidal_positional_encoding(T, D) -> (T, D)`` (notebook 06, exercise 1).
 
@@ -63,6 +65,7 @@ def _sinusoidal_once(fn: Callable[[int, int], Any], T: int, D: int) -> None:
                 hint="PE[p, 2m] = sin(p / 10000^(2m/D)) and PE[p, 2m + 1] = cos(p / 10000^(2m/D))")
 
 
+@exercise_check
 def check_apply_rotary(fn: Callable[[torch.Tensor, torch.Tensor | None], Any], seed: int = 0, B: int = 2, T: int = 5,
                        Dk: int = 8) -> None:
     """Check a learner's ``apply_rotary(x, positions=None)`` on x of shape (B, T, Dk) (notebook 06, exercise 2).

@@ -18,6 +18,7 @@ from course_utils.checks.core import (call, check_close, check_gradients, descri
                                      shape_cases, sweep)
 from course_utils.experiments.scaling import saturation_width
 from course_utils.core.errors import CheckError
+from course_utils.checks.flow import exercise_check
 
 
 def _first(result: Any) -> tuple[torch.Tensor, ...]:
@@ -26,6 +27,7 @@ def _first(result: Any) -> tuple[torch.Tensor, ...]:
     return (out,) if isinstance(out, torch.Tensor) else ()
 
 
+@exercise_check
 def check_attention_entropy(fn: Callable[[torch.Tensor], Any], seed: int = 0, B: int = 2, T: int = 3,
                             S: int = 5) -> None:
     """Check a learner's ``attention_entropy(weights) -> (B, T)`` in nats (notebook 04, exercise 1).
@@ -100,6 +102,7 @@ def _entropy_once(fn: Callable[[torch.Tensor], Any], seed: int, lead: tuple[int,
                                "the term as 0. Through the softmax, a NaN at one masked key reaches every score")
 
 
+@exercise_check
 def check_scaled_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0, B: int = 2, H: int = 4,
                         T: int = 3, S: int = 5, Dh: int = 6) -> None:
     """Check a learner's ``scaled_scores(q, k) -> (B, H, T, S)`` (notebook 04, exercise 2).
@@ -163,6 +166,7 @@ def _scaled_scores_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: i
                     what="the scores", seed=seed)
 
 
+@exercise_check
 def check_attention_scale(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0, B: int = 2,
                           H: int = 3, T: int = 4, S: int = 5, Dk: int = 16, Dv: int = 7) -> None:
     """Check that attention code ``fn(q, k, v) -> out`` (or ``(out, weights)``) scales the scores by 1/sqrt(Dk).
@@ -257,6 +261,7 @@ _WIDTH_MISTAKES = {
 }
 
 
+@exercise_check
 def check_saturation_width(fn: Callable[..., Any], seed: int = 0, S: int = 16, T: int = 48) -> None:
     """Check a learner's ``saturation_width(Dks, S, T, generator, threshold)`` (notebook 04, exercise 3).
 

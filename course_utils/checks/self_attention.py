@@ -11,6 +11,7 @@ from course_utils.blocks import attention, masks
 from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
                                      shape_cases, sweep)
 from course_utils.core.errors import CheckError
+from course_utils.checks.flow import exercise_check
 
 
 def _sdpa_suspects(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -56,6 +57,7 @@ def _sdpa_suspects(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return suspects
 
 
+@exercise_check
 def check_scaled_dot_product_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2, H: int = 3, T: int = 4,
                                        S: int = 5, Dk: int = 6, Dv: int = 7) -> None:
     """Check a learner's ``scaled_dot_product_attention(q, k, v, mask=None, scale=None) -> (out, weights)``.
@@ -214,6 +216,7 @@ _STATEMENT_FEEDBACK: dict[int, str] = {
 WORKED_EXAMPLE_WRONG = frozenset({1, 4, 5, 6})
 
 
+@exercise_check
 def check_spot_the_error(answer: Any) -> None:
     """Check the set of wrong statement numbers of notebook 03's "spot the error" exercise.
 

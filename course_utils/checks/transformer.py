@@ -14,8 +14,10 @@ from course_utils.blocks import attention, masks, multihead, transformer
 from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
                                      shape_cases, sweep)
 from course_utils.core.errors import CheckError
+from course_utils.checks.flow import exercise_check
 
 
+@exercise_check
 def check_layer_norm(fn: Callable[..., Any], seed: int = 0, B: int = 2, T: int = 3, D: int = 6) -> None:
     """Check a learner's ``layer_norm(x, weight, bias, eps=1e-5) -> (B, T, D)`` (notebook 07, exercise 1).
 
@@ -142,6 +144,7 @@ def _black_box_blocks(D: int) -> list[tuple[str, bool, bool, Callable[[torch.Ten
     return cases
 
 
+@exercise_check
 def check_is_pre_ln(fn: Callable[..., Any], seed: int = 0, D: int = 16) -> None:
     """Check a learner's ``is_pre_ln(block, D) -> bool`` on black-box blocks (notebook 07, exercise 2).
 
@@ -207,6 +210,7 @@ _ATTENTION = ("your function calls PyTorch's attention (nn.MultiheadAttention or
               "which reads in_proj_weight for you: compute the attention from the weights in state")
 
 
+@exercise_check
 def check_decoder_layer_forward(fn: Callable[..., Any], seed: int = 0, B: int = 2, T: int = 3, S: int = 5,
                                 D: int = 28, H: int = 4) -> None:
     """Check ``decoder_layer_forward(state, x, memory, memory_mask, num_heads, norm_first, activation)`` (07, exercise 3).

@@ -1,7 +1,9 @@
-"""The two exceptions the course raises on purpose (introduced in notebook 00).
+"""The exceptions the course raises on purpose (introduced in notebook 00).
 
 * ``CheckError``: an exercise check failed. The message says what was expected,
   what came back and the likely bug.
+* ``ExerciseOpen``: a ``CheckError`` for an exercise not written yet; in a
+  learner's notebook its check cell says so and the notebook goes on.
 * ``InputError``: a ``course_utils`` function got an input it cannot use (wrong
   shape, dtype, NaN, ``None``). The message says what was expected and what to
   look at, before anything deep inside PyTorch can fail.
@@ -15,6 +17,13 @@ from __future__ import annotations
 
 class CheckError(AssertionError):
     """A failed check. The message says what was expected, what came back and what to look at."""
+
+
+GRADING_ENV = "COURSE_GRADING"  # "1" in the grading sandbox: there an open exercise fails its check
+
+
+class ExerciseOpen(CheckError):
+    """A check met an exercise that is not written yet (its function still raises ``NotImplementedError``)."""
 
 
 class InputError(ValueError):

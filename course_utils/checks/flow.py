@@ -1,0 +1,133 @@
+"""Build, then use: how a notebook goes on after an exercise (introduced in notebook 00).
+
+Three pieces, used from the notebooks' cells:
+
+* ``@exercise_check`` marks an exercise's checker. In a learner's notebook an
+  exercise that is not written yet (its function still raises
+  ``NotImplementedError``) does not stop the notebook: the check cell says the
+  exercise is open and Run All goes on. A wrong answer still fails its check
+  with a message that names the bug. Outside a notebook kernel (the course's
+  tests, the out-of-kernel verdict) and while grading (``COURSE_GRADING=1``,
+  set by the grading sandbox) an open exercise fails as before, so it scores
+  nothing.
+* ``answer_or_reference(fn, reference, check)`` is the cell after an exercise:
+  it gives back the learner's function once it passes its check, and the
+  course's reference until then, and says which one the notebook now uses.
+* ``compare_guess(guess, observed)`` ends a prediction: the learner writes a
+  guess in the cell before, this prints it beside what was observed (not graded).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+from course_utils.core.errors import GRADING_ENV, CheckError, ExerciseOpen
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_DEPTH: ContextVar[int] = ContextVar("_DEPTH", default=0)
+_PASSED: dict[str, int] = {}  # checker name -> id() of the last function that passed it
+_ANNOUNCED: set[tuple[str, int]] = set()  # (checker, id(fn)) already told "open", so a cell says it once
+
+
+def _learner_notebook() -> bool:
+    """True in a notebook kernel a learner runs: not under grading, not in a plain Python process."""
+    if os.environ.get(GRADING_ENV) == "1":
+        return False
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def exercise_check(check: F) -> F:
+    """Mark ``check`` as an exercise's checker (first argument: the learner's function or module).
+
+    Only the outermost call decides: a checker that calls another one lets the
+    inner one's failure through. On success, the function is remembered as
+    having passed, for :func:`answer_or_reference`.
+    """
+
+    @functools.wraps(check)
+    def wrapper(fn: Any = None, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841
+        token = _DEPTH.set(_DEPTH.get() + 1)
+        try:
+            result = check(fn, *args, **kwargs)
+        except ExerciseOpen as exc:
+            if _DEPTH.get() > 1 or not _learner_notebook():
+                raise
+            key = (check.__name__, id(fn))
+            if key not in _ANNOUNCED:
+                _ANNOUNCED.add(key)
+                print(f"○ Exercise still open. {exc}\n"
+                      "  The notebook goes on with the course's version; run this cell again once you have "
+                      "written yours.")
+            return None
+        finally:
+            _DEPTH.reset(token)
+        _PASSED[check.__name__] = id(fn)
+        return result
+
+    return wrapper  # type: ignore[return-value]
+
+
+def answer_or_reference(fn: Any, reference: Any, check: Callable[..., Any]) -> Any:
+    """The learner's ``fn`` if it passes ``check``, else the course's ``reference``; says which.
+
+    Args:
+        fn: The learner's function (or module class) from the exercise cell.
+        reference: The course's implementation of the same thing.
+        check: The exercise's checker (marked with ``@exercise_check``).
+
+    Returns:
+        ``fn`` or ``reference``; the cells after it run on what it returns.
+    """
+    name = _name(fn)
+    where = f"{reference.__module__}.{reference.__qualname__}"
+    if _PASSED.get(getattr(check, "__name__", "")) != id(fn):
+        try:
+            token = _DEPTH.set(_DEPTH.get() + 1)  # run as an inner check: failures come back here
+            try:
+                check(fn)
+            finally:
+                _DEPTH.reset(token)
+        except ExerciseOpen:
+            print(f"○ `{name}` is not written yet, so from here on the notebook uses the course's `{where}`.")
+            return reference
+        except CheckError as exc:
+            first = str(exc).strip().splitlines()[0]
+            print(f"✗ `{name}` does not pass its check yet ({first[:160]}).\n"
+                  f"  From here on the notebook uses the course's `{where}`; run the exercise again once it passes.")
+            return reference
+        _PASSED[check.__name__] = id(fn)
+    print(f"✓ From here on the notebook uses your `{name}`.")
+    return fn
+
+
+def compare_guess(guess: Any, observed: Any, what: str = "the result") -> None:
+    """Print the learner's guess beside what was observed (a prediction, not graded).
+
+    Args:
+        guess: What the learner wrote before running the experiment (``None`` if nothing).
+        observed: What the experiment gave (a number, a string or anything printable).
+        what: A few words naming the quantity, for the sentence.
+    """
+    shown = f"{observed:.3g}" if isinstance(observed, float) else str(observed)
+    if guess is None or guess == "" or guess is Ellipsis:
+        print(f"You wrote no guess. Observed, {what}: {shown}.")
+        return
+    if isinstance(guess, (int, float)) and isinstance(observed, (int, float)) and not isinstance(guess, bool):
+        close = abs(guess - observed) <= 0.1 * abs(observed)
+        print(f"You guessed {guess:g}; observed, {what}: {shown}" + (" (within 10%)." if close else "."))
+        return
+    same = str(guess).strip().lower() == str(observed).strip().lower()
+    print(f"You guessed {guess!r}; observed, {what}: {shown}" + (" (right)." if same else "."))

@@ -1,0 +1,109 @@
+"""The schematics module and the build-then-use helpers (checks.flow)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import matplotlib
+import pytest
+import torch
+
+from course_utils.blocks import masks
+from course_utils.checks import CheckError, answer_or_reference, check_padding_mask, compare_guess
+from course_utils.core.errors import GRADING_ENV, ExerciseOpen, InputError
+from course_utils.experiments.schematics import KINDS, Schematic
+
+matplotlib.use("Agg")
+
+
+def _drawn() -> Schematic:
+    s = Schematic(6, 3, title="lookup")
+    s.tensor("q", 1, 1.5, "$q$", kind="query")
+    s.box("score", 3, 1.5, "score")
+    s.tensor("w", 5, 1.5, "weights", kind="weights", cells=5)
+    s.arrow("q", "score", "compare")
+    s.arrow("score", "w", bend=0.2, dashed=True, kind="weights")
+    s.note(3, 0.4, "(B, T, S)")
+    s.bracket(0.5, 5.5, 2.6, "one step")
+    return s
+
+
+def test_schematic_draws_labels_in_course_colours(tmp_path):
+    s = _drawn()
+    texts = [t.get_text() for t in s.ax.texts]
+    for label in ("$q$", "score", "weights", "compare", "(B, T, S)", "one step"):
+        assert label in texts
+    assert s.ax.get_title() == "lookup"
+    faces = {matplotlib.colors.to_hex(p.get_facecolor(), keep_alpha=False) for p in s.ax.patches}
+    assert KINDS["query"].lower() in faces and KINDS["weights"].lower() in faces
+    assert sum(type(p).__name__ == "FancyArrowPatch" for p in s.ax.patches) == 2
+    assert tuple(s.figure.get_size_inches()) == (4.5, 2.25)
+    s.figure.savefig(tmp_path / "s.png")
+    assert (tmp_path / "s.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("build, words", [
+    (lambda s: s.arrow("q", "nowhere"), "no node called 'nowhere'"),
+    (lambda s: s.box("q", 1, 1, "again"), "already has a node called 'q'"),
+    (lambda s: s.box("far", 9, 1, "out"), "outside"),
+    (lambda s: s.tensor("t", 1, 1, "t", kind="colourful"), "unknown kind"),
+    (lambda s: s.tensor("t", 1, 1, "t", cells=0), "cells must be"),
+])
+def test_schematic_bad_input_says_what_to_do(build, words):
+    s = _drawn()
+    with pytest.raises(InputError, match=words):
+        build(s)
+    with pytest.raises(InputError, match="width"):
+        Schematic(0, 3)
+
+
+def _open(lengths, S):
+    raise NotImplementedError()
+
+
+def _right(lengths, S):
+    return torch.arange(S)[None, None, :] < lengths[:, None, None]
+
+
+def _off_by_one(lengths, S):
+    return torch.arange(S)[None, None, :] <= lengths[:, None, None]
+
+
+def test_open_exercise_fails_outside_a_notebook_kernel():
+    with pytest.raises(ExerciseOpen, match="not written yet"):
+        check_padding_mask(_open)
+
+
+def test_open_exercise_lets_a_learners_notebook_go_on(monkeypatch, capsys):
+    import IPython
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: SimpleNamespace(kernel=object()))
+    monkeypatch.delenv(GRADING_ENV, raising=False)
+    assert check_padding_mask(_open) is None
+    assert "Exercise still open" in capsys.readouterr().out
+    with pytest.raises(CheckError, match="off by one"):  # a wrong answer still fails
+        check_padding_mask(_off_by_one)
+    monkeypatch.setenv(GRADING_ENV, "1")  # while grading, an open exercise fails
+    with pytest.raises(ExerciseOpen):
+        check_padding_mask(_open)
+
+
+def test_answer_or_reference_uses_the_answer_only_once_it_passes(capsys):
+    assert answer_or_reference(_open, masks.padding_mask, check_padding_mask) is masks.padding_mask
+    assert "not written yet" in capsys.readouterr().out
+    assert answer_or_reference(_off_by_one, masks.padding_mask, check_padding_mask) is masks.padding_mask
+    assert "does not pass its check yet" in capsys.readouterr().out
+    assert answer_or_reference(_right, masks.padding_mask, check_padding_mask) is _right
+    assert "uses your `_right`" in capsys.readouterr().out
+
+
+def test_compare_guess(capsys):
+    compare_guess(None, 0.25, "the weight")
+    compare_guess(0.26, 0.25, "the weight")
+    compare_guess(2.0, 0.25, "the weight")
+    compare_guess("Keys", "keys")
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["You wrote no guess. Observed, the weight: 0.25.",
+                   "You guessed 0.26; observed, the weight: 0.25 (within 10%).",
+                   "You guessed 2; observed, the weight: 0.25.",
+                   "You guessed 'Keys'; observed, the result: keys (right)."]
