@@ -2,7 +2,8 @@
 # environment in .venv matches pyproject.toml; that step is skipped when
 # nothing changed, so the second run is quick.
 #
-#   make lab       set up, then open JupyterLab on the course
+#   make lab       set up, then open JupyterLab on your own copy of the exercises (in my-notebooks/)
+#   make lab-instructor  open JupyterLab on the instructor notebooks (with solutions, in notebooks/)
 #   make test      set up, then run the whole test suite (what CI runs)
 #   make execute   re-execute notebooks in place (NB=notebooks/00_....ipynb for one)
 #   make bench     time every notebook and training run against the budgets; README table
@@ -32,7 +33,7 @@ NB ?= notebooks
 SUBMISSIONS ?= submissions
 WORKERS ?= 2
 
-.PHONY: setup lab test test-fast test-cpus execute bench bench-grading data release grade grade-merge site slides \
+.PHONY: setup lab lab-instructor test test-fast test-cpus execute bench bench-grading data release grade grade-merge site slides \
 	browser-test clean
 
 setup: $(STAMP)
@@ -58,7 +59,14 @@ LAB_OFFLINE := --LabApp.news_url=None \
 # Extra JupyterLab options, e.g. LAB_ARGS="--no-browser --port=8890" (the browser test uses it).
 LAB_ARGS ?=
 
+# A learner's copy of the student version: written once, then kept (a notebook you edited is never overwritten).
+LEARNER ?= my-notebooks
+
 lab: setup
+	$(BIN)/python -m course_utils.tooling.grading release --out "$(LEARNER)" --quiet
+	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_OFFLINE) $(LAB_ARGS) --notebook-dir=. "$(LEARNER)/00_orientation.ipynb"
+
+lab-instructor: setup
 	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_OFFLINE) $(LAB_ARGS) --notebook-dir=. notebooks/00_orientation.ipynb
 
 test: setup

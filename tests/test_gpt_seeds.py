@@ -42,6 +42,8 @@ def table() -> dict[int, tuple[float, float]]:
                    _validation_loss(1, seed, train_ids, val_windows, len(chars))) for seed in SEEDS}
 
 
+@pytest.mark.evidence("09", "multi-query against multi-head attention, seeds 0 to 7 at the notebook's training budget: "
+                          "the difference in loss, against the seed-to-seed spread")
 def test_multi_query_costs_no_measurable_loss_at_notebook_09s_budget(table):
     multi_head = [mha for mha, _ in table.values()]
     differences = [mqa - mha for mha, mqa in table.values()]

@@ -9,6 +9,8 @@ and grading never modifies its inputs.
 
 from __future__ import annotations
 
+import json
+
 import copy
 import csv
 import hashlib
@@ -74,7 +76,7 @@ def test_release_has_no_solutions_no_hidden_tests_no_outputs(path, released):
     assert not leaked, f"solution or hidden-test lines left in the student release: {leaked}"
     assert all(not c.get("outputs") for c in release_nb.cells if c.cell_type == "code"), "the release has outputs"
     stubs = [c for c in release_nb.cells if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"]
-    assert stubs and all("raise NotImplementedError()" in c.source for c in stubs)
+    assert stubs and all("    raise NotImplementedError()" in c.source or "# YOUR CODE HERE" in c.source for c in stubs)
     # the written question: its answer cell (model answer and rubric) is replaced by a stub
     rubrics = [c.source for c in instructor.cells if written.is_written(c)]
     answer_cells = [c.source for c in release_nb.cells if written.is_written(c)]
@@ -190,6 +192,12 @@ def test_release_keeps_a_learners_edited_notebook(tmp_path):
     second = grading.release(out=out)
     assert edited.read_bytes() == mine, "make release overwrote a learner's work"
     assert edited not in second
+    manifest = json.loads((out / ".released.json").read_text())
+    manifest["sources"] = {}  # as after the instructor notebooks changed: everything is released again ...
+    (out / ".released.json").write_text(json.dumps(manifest))
+    third = grading.release(out=out)
+    assert edited.read_bytes() == mine and edited not in third, "... except the notebook the learner edited"
+    assert len(third) == len(NOTEBOOKS) - 1
     edited.unlink()
     assert edited in grading.release(out=out)  # deleted -> fresh copy
     assert "my attempt" not in edited.read_text(encoding="utf-8")

@@ -102,8 +102,10 @@ def test_compare_guess(capsys):
     compare_guess(0.26, 0.25, "the weight")
     compare_guess(2.0, 0.25, "the weight")
     compare_guess("Keys", "keys")
+    compare_guess(1e38, float("inf"), "exp(1000.0)")
     out = capsys.readouterr().out.splitlines()
     assert out == ["You wrote no guess. Observed, the weight: 0.25.",
                    "You guessed 0.26; observed, the weight: 0.25 (within 10%).",
                    "You guessed 2; observed, the weight: 0.25.",
-                   "You guessed 'Keys'; observed, the result: keys (right)."]
+                   "You guessed 'Keys'; observed, the result: keys (right).",
+                   "You guessed 1e+38; observed, exp(1000.0): inf."]

@@ -15,7 +15,7 @@ from course_utils.core.errors import InputError
 
 
 def pairwise_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Dot product of every query with every key, batched (notebook 00, exercise 2).
+    """Dot product of every query with every key, batched (notebook 00, exercise 1).
 
     Args:
         q: (B, T, D) float queries.

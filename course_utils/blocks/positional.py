@@ -7,7 +7,7 @@ Self-attention without positions is permutation-equivariant: it cannot tell
 * learned position embeddings (``nn.Embedding(max_len, D)``), same paper, Table 3 row (E);
 * rotary embeddings (RoPE) applied to queries and keys, Su et al. 2021, arXiv:2104.09864.
 
-Notation (notebook 00): p is a position and m a feature-pair index, both from 0;
+Notation (notebook 06): p is a position and m a feature-pair index, both from 0;
 pair m of a vector of width D is the features (2m, 2m + 1) and turns with the
 angular frequency theta_m = 10000^(-2m/D).
 """

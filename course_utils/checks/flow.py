@@ -20,6 +20,7 @@ Three pieces, used from the notebooks' cells:
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -126,7 +127,7 @@ def compare_guess(guess: Any, observed: Any, what: str = "the result") -> None:
         print(f"You wrote no guess. Observed, {what}: {shown}.")
         return
     if isinstance(guess, (int, float)) and isinstance(observed, (int, float)) and not isinstance(guess, bool):
-        close = abs(guess - observed) <= 0.1 * abs(observed)
+        close = math.isfinite(observed) and abs(guess - observed) <= 0.1 * abs(observed)
         print(f"You guessed {guess:g}; observed, {what}: {shown}" + (" (within 10%)." if close else "."))
         return
     same = str(guess).strip().lower() == str(observed).strip().lower()

@@ -17,7 +17,7 @@ from course_utils.checks.flow import exercise_check
 
 @exercise_check
 def check_padding_mask(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B: int = 4, S: int = 6) -> None:
-    """Check a learner's ``padding_mask(lengths, S) -> (B, 1, S) bool`` (notebook 00, exercise 1).
+    """Check a learner's ``padding_mask(lengths, S) -> (B, 1, S) bool`` (notebook 00, exercise 2).
 
     Tried at the sizes asked for, then at B = 1 and S = 1 and at sizes with B != S;
     the lengths include 0, 1 and S.
@@ -71,7 +71,7 @@ def _padding_mask_once(fn: Callable[[torch.Tensor, int], Any], seed: int, B: int
 @exercise_check
 def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
                           B: int = 2, T: int = 4, S: int = 6, D: int = 3) -> None:
-    """Check a learner's ``pairwise_scores(q, k) -> (..., T, S)`` (notebook 00, exercise 2).
+    """Check a learner's ``pairwise_scores(q, k) -> (..., T, S)`` (notebook 00, exercise 1).
 
     Tried on (B, T, D) and (B, S, D) inputs, then on (B, H, T, D) and
     (B, H, S, D) inputs with a head axis, forward and backward; at the sizes

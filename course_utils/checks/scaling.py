@@ -385,7 +385,7 @@ def _saturation_width_answer(fn: Callable[..., Any], seed: int, label: str, i: i
         got = call(fn, widths, S, T, generator, threshold, name="saturation_width",
                    expected="a width from Dks (an int), or None if no width passes")
     except CheckError as err:
-        raise CheckError(f"{where}{err}") from None
+        raise type(err)(f"{where}{err}") from None
     if widths != Dks:
         raise CheckError("saturation_width changed the list Dks in place: read it, without sorting, extending or "
                          "popping it")

@@ -10,7 +10,7 @@ import torch
 from course_utils.blocks import attention, masks
 from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
                                      shape_cases, sweep)
-from course_utils.core.errors import CheckError
+from course_utils.core.errors import CheckError, ExerciseOpen
 from course_utils.checks.flow import exercise_check
 
 
@@ -233,6 +233,9 @@ def check_spot_the_error(answer: Any) -> None:
     if isinstance(answer, (int, str)) or not hasattr(answer, "__iter__"):
         raise CheckError(f"expected a set of statement numbers, e.g. {{2, 3}}, got {describe(answer)}")
     items = list(answer)
+    if not items:  # the release's starting value: nothing picked yet
+        raise ExerciseOpen("spot_the_error is still empty: assign it the set of the numbers of the wrong "
+                           "statements, as the exercise shows")
     numbers = set()
     for item in items:
         if isinstance(item, bool) or not isinstance(item, int) or item not in WORKED_EXAMPLE_STATEMENTS:
@@ -244,8 +247,7 @@ def check_spot_the_error(answer: Any) -> None:
     missing = len(WORKED_EXAMPLE_WRONG - numbers)  # wrong statements not flagged
     if flagged_right or missing:
         size = f"{len(numbers)} number{'' if len(numbers) == 1 else 's'}"
-        content = ("your set is empty" if not numbers else
-                   f"your set of {size} has {found} of the wrong statements and {flagged_right} of the right ones "
+        content = (f"your set of {size} has {found} of the wrong statements and {flagged_right} of the right ones "
                    "(only wrong statements belong in it)")
         raise CheckError(f"{flagged_right + missing} of the {len(WORKED_EXAMPLE_STATEMENTS)} statements misjudged: "
                          f"{content}, and misses {missing} wrong statement{'' if missing == 1 else 's'}. Read each "

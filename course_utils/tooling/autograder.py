@@ -194,7 +194,32 @@ def build_course(notebooks: list[Path], course: Path, timeout: int = DEFAULT_TIM
             result = api.generate_assignment(nb.stem, force=True)
         if not result["success"]:
             raise RuntimeError(f"nbgrader could not generate the release of {nb.name}:\n{result.get('error', '')}")
+        _open_answers_run(course / "release" / nb.stem / nb.name)
     return api
+
+
+STUB = "raise NotImplementedError()"
+
+
+def _open_answers_run(path: Path) -> None:
+    """Let Run All go past an answer left open at the top level of a cell (not inside a function).
+
+    nbgrader's stub, ``raise NotImplementedError()``, stops Run All when it stands
+    at the top level of a solution cell (an answer that is a value, such as a set
+    of statement numbers). There the stub line is dropped, so the value written
+    above the solution (an empty set) stands, and the check says the exercise is
+    open. Inside a function the stub stays: it raises only when the function is called.
+    """
+    nb = nbformat.read(path, as_version=4)
+    changed = False
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
+            lines = cell.source.splitlines()
+            kept = [line for line in lines if line != STUB]
+            if kept != lines:
+                cell.source, changed = "\n".join(kept), True
+    if changed:
+        nbformat.write(nb, path)
 
 
 def scores(gradebook: Path, stem: str, student: str, exs: list[Exercise]) -> tuple[dict[str, float], list[str]]:

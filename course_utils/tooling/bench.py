@@ -41,9 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_utils.experiments.loop import BENCH_LOG_ENV
-from course_utils.tooling.execute import README, ROOT, execute_notebook, update_readme_minutes
+from course_utils.tooling.execute import NOTEBOOK_BUDGET, README, ROOT, execute_notebook, update_readme_minutes
 
-NOTEBOOK_BUDGET = 90.0  # seconds per notebook, kernel start included
 SERIES_BUDGET = 300.0  # seconds for all notebooks
 TRAINING_BUDGET = 60.0  # seconds per training run
 

@@ -73,35 +73,43 @@ __all__ = ["DEFAULT_TIMEOUT", "Exercise", "MergeError", "Shard", "autograde", "b
            "exercises", "format_table", "merge", "release", "write_grades_csv"]
 
 
-def release(out: Path = BUILD / "release", notebooks_dir: Path = NOTEBOOKS) -> list[Path]:
+def release(out: Path = BUILD / "release", notebooks_dir: Path = NOTEBOOKS, quiet: bool = False) -> list[Path]:
     """Write the student version of every notebook (no solutions, no hidden tests, no outputs).
 
     A learner works in these files, so a file changed since it was released is
     kept, never overwritten; delete it to get a fresh copy. What was released
-    is recorded in ``out/.released.json`` (sha256 per notebook).
+    is recorded in ``out/.released.json`` (sha256 per notebook, and of the
+    instructor notebooks it came from, so that nothing is rebuilt when they
+    have not changed).
 
     Args:
         out: Folder for the student notebooks.
         notebooks_dir: Folder of instructor notebooks.
+        quiet: Do not print which edited notebooks were kept.
 
     Returns:
         The student notebooks written (kept ones are not included).
     """
     notebooks = course_notebooks(notebooks_dir)
+    manifest_path = out / ".released.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    sources = {nb.name: _sha256(nb) for nb in notebooks}
+    if manifest.get("sources") == sources and all((out / nb.name).exists() for nb in notebooks):
+        return []  # released from these very notebooks, and nothing deleted since
     course = BUILD / "nbgrader-release"
     build_course(notebooks, course)
     out.mkdir(parents=True, exist_ok=True)
-    manifest_path = out / ".released.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     written = []
     for nb in notebooks:
         target = out / nb.name
         if target.exists() and _sha256(target) != manifest.get(nb.name):
-            print(f"kept {target.name}: you changed it since it was released (delete it for a fresh copy)")
+            if not quiet:
+                print(f"kept {target.name}: you changed it since it was released (delete it for a fresh copy)")
             continue
         shutil.copyfile(course / "release" / nb.stem / nb.name, target)
         manifest[nb.name] = _sha256(target)
         written.append(target)
+    manifest["sources"] = sources
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return written
 
@@ -274,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     rel = sub.add_parser("release", help="write the student notebooks")
     rel.add_argument("--out", type=Path, default=BUILD / "release")
+    rel.add_argument("--quiet", action="store_true", help="print one line, not one per notebook")
     grade = sub.add_parser("autograde", help="grade a folder of submissions (one sub-folder per student)")
     grade.add_argument("submissions", type=Path)
     grade.add_argument("--out", type=Path, default=None,
@@ -294,7 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     mrg.add_argument("--marks", type=Path, default=None, help="marks for the written questions")
     args = parser.parse_args(argv)
     if args.command == "release":
-        for path in release(args.out):
+        written = release(args.out, quiet=args.quiet)
+        if args.quiet:
+            print(f"your notebooks are in {args.out}/ ({len(written)} written or updated; those you edited are kept)")
+        for path in [] if args.quiet else written:
             print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
         return 0
     from course_utils.tooling.sandbox import SandboxUnavailable

@@ -3,11 +3,18 @@
 The block between the BEGIN/END GENERATED markers of the guide is rendered from
 the notebooks themselves (title, learning objectives, graded exercises and their
 points, the written question) and from the README's syllabus table (measured CPU minutes).
+
+Each notebook's subsection ends with its evidence: the checks the notebook runs
+on its own numbers (its ``assert`` statements), and the evidence that lives
+outside it, which the learner's text no longer mentions: every test marked
+``@pytest.mark.evidence("NN", "what it establishes")`` (seed sweeps, runs too
+long for the notebook) and the time budget ``make bench`` holds it to.
 ``python -m course_utils.tooling.guide`` rewrites it; a test fails when it is stale.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -15,6 +22,7 @@ from pathlib import Path
 import nbformat
 
 from course_utils.tooling import written
+from course_utils.tooling.execute import NOTEBOOK_BUDGET
 from course_utils.tooling.grading import course_notebooks, exercises
 from course_utils.tooling.site import syllabus
 
@@ -29,9 +37,49 @@ def _objectives(nb: nbformat.NotebookNode) -> list[str]:
     return [line[2:].strip() for line in section.splitlines() if line.startswith("* ")]
 
 
+def _asserts(nb: nbformat.NotebookNode) -> int:
+    count = 0
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            try:
+                count += sum(isinstance(node, ast.Assert) for node in ast.walk(ast.parse(cell.source)))
+            except SyntaxError:  # an IPython magic: no assert of ours
+                continue
+    return count
+
+
+def evidence_tests(tests_dir: Path = ROOT / "tests") -> dict[str, list[str]]:
+    """Notebook number -> "claim (`tests/file.py::test`)" for every test marked ``pytest.mark.evidence``."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(tests_dir.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for deco in node.decorator_list:
+                if (isinstance(deco, ast.Call) and ast.unparse(deco.func) == "pytest.mark.evidence"
+                        and len(deco.args) == 2 and all(isinstance(a, ast.Constant) for a in deco.args)):
+                    number, claim = (a.value for a in deco.args)
+                    found.setdefault(number, []).append(f"{claim} (`tests/{path.name}::{node.name}`)")
+    return found
+
+
+def _evidence(path: Path, nb: nbformat.NotebookNode, outside: dict[str, list[str]]) -> list[str]:
+    lines = ["", "Evidence:", "",
+             f"* In the notebook: {_asserts(nb)} `assert` statements check its own numbers as it runs, and the test "
+             "suite re-runs it and compares every output (strict nbval).",
+             f"* Time: `make bench` runs it top to bottom and holds it to {NOTEBOOK_BUDGET:.0f} s and to the runtime "
+             "its first cell states, on the 2-core course machine; the minutes above come from there."]
+    claims = outside.get(path.name[:2], [])
+    if claims:
+        lines += ["* Outside the notebook, where a run is too long for it (the text states the result):"]
+        lines += [f"  * {claim}" for claim in claims]
+    return lines
+
+
 def render(notebooks_dir: Path = ROOT / "notebooks") -> str:
     """The generated block: one subsection per notebook."""
     minutes = {e.file: e.minutes for e in syllabus()}
+    outside = evidence_tests()
     parts = []
     for path in course_notebooks(notebooks_dir):
         nb = nbformat.read(path, as_version=4)
@@ -47,6 +95,7 @@ def render(notebooks_dir: Path = ROOT / "notebooks") -> str:
             title = q.prompt.splitlines()[0].lstrip("# ").strip() if q.prompt else q.grade_id
             lines += ["", f"Written question, graded by hand (`{q.grade_id}`, {q.points:g} points; model answer and "
                           f"rubric in the answer cell): {title}"]
+        lines += _evidence(path, nb, outside)
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
