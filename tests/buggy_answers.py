@@ -72,17 +72,6 @@ BUGGY = {
             "def additive_scores(q_proj, k_proj, v_a):\n"
             "    return (q_proj[:, None, :] + k_proj) @ v_a\n"
         ),
-        # padding not masked
-        "attend": (
-            "def attend(scores, values, mask=None):\n"
-            "    weights = torch.softmax(scores, dim=-1)\n"
-            "    return (weights[:, :, None] * values).sum(1), weights\n"
-        ),
-        # W transposed
-        "bilinear_scores": (
-            "def bilinear_scores(query, keys, W):\n"
-            "    return (keys @ (query @ W.T)[:, :, None])[:, :, 0]\n"
-        ),
         # Bahdanau's order: the weights come from s_{i-1}, before the GRU update
         "luong_step": (
             "def luong_step(emb, state, enc_states, projected_keys, mask, cell, score, W_c):\n"
@@ -434,7 +423,7 @@ NEW_KINDS = {
             "torch.zeros(1)\n", "torch.ones(1)\n"), "probabilities, not log-probabilities"),
         ("torch.topk, which fails when k > V", _BEAM.replace(
             "candidates.argsort(descending=True)[: beam_size - len(finished)]",
-            "candidates.topk(beam_size - len(finished)).indices"), "fewer than k if k > V"),
+            "candidates.topk(beam_size - len(finished)).indices"), "fewer than beam_size if beam_size > V"),
         ("<sos> kept in the answer", _BEAM.replace("torch.zeros(1, 0, dtype=torch.long)", "torch.ones(1, 1, dtype=torch.long)"),
          "starts with <sos>"),
         ("<eos> dropped from the answer", _BEAM.replace("answers.append(tokens)", "answers.append(tokens[tokens != eos_id])"),
@@ -465,40 +454,6 @@ NEW_KINDS = {
         ("calls the reference", "def additive_scores(q_proj, k_proj, v_a):\n"
          "    from course_utils.blocks.scorers import additive_scores as reference\n"
          "    return reference(q_proj, k_proj, v_a)\n", "calls the course's reference"),
-    ],
-    "attend": [
-        ("unstable softmax (no max subtraction)", "def attend(scores, values, mask=None):\n"
-         "    mask = torch.ones_like(scores, dtype=torch.bool) if mask is None else mask\n"
-         "    e = torch.exp(scores) * mask\n    weights = e / e.sum(dim=-1, keepdim=True).clamp(min=1e-30)\n"
-         "    return (weights[:, :, None] * values).sum(dim=1), weights\n", "exp overflows"),
-        ("a row with no real position gives NaN", "def attend(scores, values, mask=None):\n"
-         "    mask = torch.ones_like(scores, dtype=torch.bool) if mask is None else mask\n"
-         "    weights = torch.softmax(scores.masked_fill(~mask, float('-inf')), dim=-1)\n"
-         "    return (weights[:, :, None] * values).sum(dim=1), weights\n", "no real position"),
-        ("mask=None not handled", "def attend(scores, values, mask=None):\n"
-         "    weights = torch.softmax(scores.masked_fill(~mask, -1e9), dim=-1) * mask\n"
-         "    return (weights[:, :, None] * values).sum(dim=1), weights\n", "mask=None"),
-        ("a squeeze that breaks at Dk = 1", "def attend(scores, values, mask=None):\n"
-         "    mask = torch.ones_like(scores, dtype=torch.bool) if mask is None else mask\n"
-         "    weights = torch.softmax(scores.masked_fill(~mask, -1e9), dim=-1) * mask.any(dim=-1, keepdim=True)\n"
-         "    return (weights[:, None, :] @ values).squeeze(), weights\n", "= 1"),
-        ("detached output", "def attend(scores, values, mask=None):\n"
-         "    from course_utils.blocks.attention import masked_softmax\n"
-         "    with torch.no_grad():\n        weights = masked_softmax(scores, mask)\n"
-         "        return (weights[:, :, None] * values).sum(dim=1), weights\n", "cut off from autograd"),
-        ("calls the reference", "def attend(scores, values, mask=None):\n"
-         "    from course_utils.blocks import scorers\n    return scorers.attend(scores, values, mask)\n",
-         "calls the course's reference"),
-    ],
-    "bilinear_scores": [
-        (".data", "def bilinear_scores(query, keys, W):\n    return (keys @ (query @ W.data)[:, :, None])[:, :, 0]\n",
-         "W"),
-        ("a squeeze that breaks at B = 1 and S = 1", "def bilinear_scores(query, keys, W):\n"
-         "    return (keys @ (query @ W)[:, :, None]).squeeze()\n", "B = 1"),
-        ("calls the reference", "def bilinear_scores(query, keys, W):\n"
-         "    from course_utils.blocks.scorers import BilinearScore\n"
-         "    scorer = BilinearScore(query.shape[-1], keys.shape[-1])\n"
-         "    return torch.func.functional_call(scorer, {'W': W}, (query, keys))\n", "calls the course's reference"),
     ],
     "luong_step": [
         ("the two parts of [c_i; s_i] swapped", _LUONG.replace("[context, state]", "[state, context]"), "swapped"),

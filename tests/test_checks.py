@@ -322,6 +322,27 @@ def test_check_additive_scores_names_the_bug(buggy, kwargs, fragment):
     assert_no_answer_in(str(err.value), NOTEBOOK_02_CODE)
 
 
+def test_additive_score_and_the_length_experiment_run_on_the_function_they_are_given():
+    """Build, then use (notebook 02): the learner's additive_scores is what AdditiveScore calls, in training too."""
+    calls = []
+
+    def spy(q_proj, k_proj, v_a):
+        calls.append(tuple(k_proj.shape))
+        return scorers.additive_scores(q_proj, k_proj, v_a)
+
+    query, keys = torch.randn(2, 4), torch.randn(2, 5, 6)
+    torch.manual_seed(0)
+    reference = scorers.AdditiveScore(4, 6, 3)
+    torch.manual_seed(0)
+    given = scorers.AdditiveScore(4, 6, 3, scores=spy)
+    torch.testing.assert_close(given(query, keys), reference(query, keys))
+    assert calls == [(2, 5, 3)]
+    from course_utils.blocks.seq2seq import Seq2SeqConfig
+    from course_utils.experiments.training import run_length_experiment
+    with pytest.raises(ValueError, match="only by an attention decoder"):
+        run_length_experiment(Seq2SeqConfig(steps=1), decoder="plain", additive_scores=spy)
+
+
 def _attend_wrong_dim(scores, values, mask):
     weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=0).nan_to_num(0.0)
     return (weights[:, None, :] @ values)[:, 0], weights

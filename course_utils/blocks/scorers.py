@@ -10,6 +10,7 @@ state), ``Dk`` key width (the encoder states, which are also the values),
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -21,7 +22,7 @@ ScoreKind = Literal["additive", "concat", "dot", "bilinear"]
 
 
 def additive_scores(q_proj: torch.Tensor, k_proj: torch.Tensor, v_a: torch.Tensor) -> torch.Tensor:
-    """Bahdanau's additive scores ``e_j = v_a^T tanh(W_q s + W_k h_j + b)`` (notebook 02, exercise 1).
+    """Bahdanau's additive scores ``e_j = v_a^T tanh(W_q s + W_k h_j + b)`` (notebook 02's exercise, section 2).
 
     The projections are applied by the caller (``W_k h_j + b`` once per
     sequence); this is the part that compares one query with every source
@@ -40,7 +41,7 @@ def additive_scores(q_proj: torch.Tensor, k_proj: torch.Tensor, v_a: torch.Tenso
 
 
 def bilinear_scores(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """Luong's "general" scores ``e_j = s^T W h_j`` (notebook 02, exercise 3).
+    """Luong's "general" scores ``e_j = s^T W h_j`` (notebook 02, section 3).
 
     Args:
         query: ``s``, ``(B, R)`` float.
@@ -64,10 +65,15 @@ class AdditiveScore(nn.Module):
         query_size: ``R``.
         key_size: ``Dk``.
         attn_size: ``A``, width of the hidden layer.
+        scores: The function that compares the projected query with every projected key,
+            ``scores(q_proj (B, A), k_proj (B, S, A), v_a (A,)) -> (B, S)``; by default
+            :func:`additive_scores`. Notebook 02 passes the learner's own once it passes its check.
     """
 
-    def __init__(self, query_size: int, key_size: int, attn_size: int):
+    def __init__(self, query_size: int, key_size: int, attn_size: int,
+                 scores: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         super().__init__()
+        self.scores = additive_scores if scores is None else scores  # a plain function, not a parameter
         self.W_q = nn.Linear(query_size, attn_size, bias=False)
         self.W_k = nn.Linear(key_size, attn_size, bias=True)
         self.v_a = nn.Parameter(torch.empty(attn_size).uniform_(-(attn_size**-0.5), attn_size**-0.5))  # (A,)
@@ -78,7 +84,7 @@ class AdditiveScore(nn.Module):
 
     def score(self, query: torch.Tensor, projected_keys: torch.Tensor) -> torch.Tensor:
         """Scores from a query and the output of :meth:`precompute`, ``(B, S)``."""
-        return additive_scores(self.W_q(query), projected_keys, self.v_a)  # (B, R) -> (B, A); -> (B, S)
+        return self.scores(self.W_q(query), projected_keys, self.v_a)  # (B, R) -> (B, A); -> (B, S)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Unnormalised scores.

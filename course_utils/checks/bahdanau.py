@@ -17,7 +17,7 @@ from course_utils.checks.flow import exercise_check
 @exercise_check
 def check_additive_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0,
                           B: int = 3, S: int = 5, A: int = 4) -> None:
-    """Check a learner's ``additive_scores(q_proj, k_proj, v_a) -> (B, S)`` (notebook 02, exercise 1).
+    """Check a learner's ``additive_scores(q_proj, k_proj, v_a) -> (B, S)`` (notebook 02, the exercise of section 2).
 
     With ``B == S`` a query that is not broadcast over the source positions
     runs without error and gives wrong numbers; the check recognises that too.
@@ -102,7 +102,7 @@ def _run_scorer(fn: Callable[..., Any], reference: Callable[..., torch.Tensor], 
 @exercise_check
 def check_attend(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0,
                  B: int = 3, S: int = 5, Dk: int = 4) -> None:
-    """Check a learner's ``attend(scores, values, mask) -> (context, weights)`` (notebook 02, exercise 2).
+    """Check an ``attend(scores, values, mask) -> (context, weights)`` (02's ``scorers.attend``, not an exercise).
 
     ``values`` is (B, S, Dk) (the encoder states) and ``mask`` (B, S) bool, True on real tokens,
     or None (no padding). Also a row with no real position (zero weights, not NaN), scores of
@@ -218,7 +218,7 @@ def _attend_once(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], 
 @exercise_check
 def check_bilinear_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0,
                           B: int = 2, S: int = 5, R: int = 3, Dk: int = 4) -> None:
-    """Check a learner's ``bilinear_scores(query, keys, W) -> (B, S)`` (notebook 02, exercise 3).
+    """Check a ``bilinear_scores(query, keys, W) -> (B, S)`` (notebook 02, section 3; no longer an exercise).
 
     ``query`` is (B, R), ``keys`` (B, S, Dk) and ``W`` (R, Dk). Forward and backward,
     at the sizes asked for, then at B = 1, S = 1 and sizes that all differ.
@@ -340,7 +340,7 @@ _LUONG_OUTPUTS = "a tuple (state s_i (B, R), context c_i (B, Dk), attentional s~
 @exercise_check
 def check_luong_step(fn: Callable[..., Any], seed: int = 0, B: int = 3, S: int = 5, R: int = 6, Dk: int = 8,
                      score: scorers.ScoreKind = "additive") -> None:
-    """Check a learner's ``luong_step(emb, state, enc_states, projected_keys, mask, cell, score, W_c)`` (02, exercise 4).
+    """Check a learner's ``luong_step(emb, state, enc_states, projected_keys, mask, cell, score, W_c)`` (02, Exercises).
 
     Luong et al.'s (2015, §3) order: ``s_i = GRU(emb, s_{i-1})``, weights from ``score(s_i, h_j)``
     over the real positions, ``c_i = sum_j w_ij h_j``, ``s~_i = tanh(W_c [c_i; s_i])``; the step

@@ -1,6 +1,6 @@
 """The seq2seq experiment of notebooks 01, 02 and 07.
 
-Training through :func:`course_utils.experiments.loop.fit`, exact-match
+Training (:func:`train_step`, the step notebook 01 shows, run by :func:`train`), exact-match
 evaluation, and the one-call length experiment.
 
 Typical use in a notebook::
@@ -20,11 +20,13 @@ and training grows them into different accuracies (see
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from course_utils.blocks.seq2seq import DecoderKind, Seq2Seq, Seq2SeqConfig, build_seq2seq, sequence_loss
 from course_utils.experiments.data import (
@@ -42,7 +44,7 @@ from course_utils.experiments.data import (
     reversal_vocab,
     save_pairs,
 )
-from course_utils.experiments.loop import TrainResult, fit, num_threads, training_steps
+from course_utils.experiments.loop import TrainResult, num_threads, record_training, training_steps
 
 
 def learning_rate(step: int, config: Seq2SeqConfig) -> float:
@@ -85,35 +87,74 @@ def teacher_forced_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return sequence_loss(logits, batch.tgt_out)  # scored on y_i at position i (B*T tokens, padding ignored)
 
 
-def train(model: Seq2Seq, data: Batch, config: Seq2SeqConfig, progress: bool = False) -> TrainResult:
-    """Train with Adam, teacher forcing and gradient clipping.
+def train_step(model: torch.nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, lr: float,
+               grad_clip: float, pad_id: int = 0) -> float:
+    """One training step: the teacher-forced loss with padding ignored, backward, clipping, update (notebook 01).
+
+    Args:
+        model: Any model of the course's seq2seq interface, ``model(src, src_lengths, tgt_in) -> (B, T, V)``.
+        batch: The step's pairs, a :class:`~course_utils.experiments.data.Batch`.
+        optimizer: Over ``model``'s parameters.
+        lr: This step's learning rate (see :func:`learning_rate`).
+        grad_clip: Largest global gradient norm; 0 = no clipping.
+        pad_id: Id of ``<pad>`` in the targets: those positions count for nothing.
+
+    Returns:
+        The step's loss (before the update), a float.
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = lr  # this step's learning rate: warm-up, then decay
+    logits = model(batch.src, batch.src_lengths, batch.tgt_in)  # (B, T, V): fed <sos> y_0 ... y_{T-2}
+    loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=pad_id)  # mean over real tokens
+    optimizer.zero_grad(set_to_none=True)  # forget the previous step's gradients
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)  # shrink a gradient longer than grad_clip
+    optimizer.step()
+    return loss.item()
+
+
+def train(model: Seq2Seq, data: Batch, config: Seq2SeqConfig, progress: bool = False,
+          step: Callable[..., float] | None = None) -> TrainResult:
+    """Train with Adam, teacher forcing and gradient clipping: :func:`train_step` ``config.steps`` times.
 
     Batches are drawn from ``data`` without replacement (reshuffled each
     epoch) with a ``torch.Generator`` seeded by ``config.seed``, and trimmed
     to their own longest sequence.
 
     Args:
-        model: The model to train (in place).
+        model: The model to train (in place); left in eval mode.
         data: All training pairs, encoded with :func:`~course_utils.experiments.data.make_batch`.
         config: ``steps``, ``batch_size``, ``lr``, ``warmup_steps``,
             ``lr_decay``, ``min_lr_frac``, ``grad_clip``, ``seed``,
             ``num_threads`` and ``log_every`` are used.
         progress: If True, print ``step <k>  loss <x.xxx>`` every
             ``config.log_every`` steps (deterministic text: no times or rates).
+        step: The step to run, with :func:`train_step`'s arguments (default
+            :func:`train_step`; notebook 01 passes the copy it shows).
 
     Returns:
         A :class:`TrainResult`.
     """
+    step = train_step if step is None else step
     generator = torch.Generator().manual_seed(config.seed)
     batches = _epoch_batches(len(data), config.batch_size, generator)
-
-    def step_loss(step: int) -> torch.Tensor:
-        return teacher_forced_loss(model, data.select(next(batches)))
-
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     steps = training_steps(config)
-    return fit(model, torch.optim.Adam(model.parameters(), lr=config.lr), step_loss, steps,
-               f"{type(model).__name__}, {config.task}, {steps} steps", lr_at=lambda step: learning_rate(step, config),
-               grad_clip=config.grad_clip, threads=config.num_threads, log_every=config.log_every if progress else 0)
+    log_every = config.log_every if progress else 0
+    losses: list[float] = []
+    model.train()
+    with num_threads(config.num_threads):
+        start = time.perf_counter()
+        for k in range(steps):
+            losses.append(step(model, data.select(next(batches)), optimizer, learning_rate(k, config), config.grad_clip))
+            if log_every > 0 and ((k + 1) % log_every == 0 or k + 1 == steps):
+                recent = losses[-log_every:]
+                print(f"step {k + 1:5d}  loss {sum(recent) / len(recent):.3f}")
+        seconds = time.perf_counter() - start
+    model.eval()
+    record_training(f"{type(model).__name__}, {config.task}, {steps} steps", seconds)
+    return TrainResult(losses=tuple(losses), seconds=seconds, steps=steps)
 
 
 def sequence_exact_match(tokens: torch.Tensor, targets: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
@@ -266,6 +307,7 @@ def run_length_experiment(
     progress: bool = False,
     train_pairs: Sequence[Pair] | None = None,
     test_pairs: Sequence[Pair] | None = None,
+    additive_scores: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> ExperimentResult:
     """Generate data, build, train and evaluate one model, in one call.
 
@@ -277,10 +319,19 @@ def run_length_experiment(
         train_pairs: Optional training pairs (e.g. loaded from ``data/``);
             default: generated by :func:`make_task` from ``config``.
         test_pairs: Optional test set; default: generated by :func:`make_task`.
+        additive_scores: Optional function the model's additive scorer uses to compare the
+            projected query with the projected keys (notebook 02 passes the learner's own);
+            default: :func:`course_utils.blocks.scorers.additive_scores`.
 
     Returns:
         An :class:`ExperimentResult` with accuracy by source length and training time.
+
+    Raises:
+        ValueError: If ``additive_scores`` is given for a model without an additive scorer.
     """
+    if additive_scores is not None and (decoder != "attention" or config.score != "additive"):
+        raise ValueError("additive_scores is used only by an attention decoder with the additive score, got "
+                         f"decoder={decoder!r} and score={config.score!r}")
     default_train, default_test, src_vocab, tgt_vocab = make_task(config)
     train_pairs = default_train if train_pairs is None else list(train_pairs)
     test_pairs = tuple(default_test if test_pairs is None else test_pairs)
@@ -288,6 +339,8 @@ def run_length_experiment(
     test_data = make_batch(test_pairs, src_vocab, tgt_vocab)
     torch.manual_seed(config.seed)
     model = build_seq2seq(config, len(src_vocab), len(tgt_vocab), decoder)
+    if additive_scores is not None:
+        model.decoder.scorer.scores = additive_scores  # the same weights; only the comparison is the given function
     result = train(model, train_data, config, progress=progress)
     with num_threads(config.num_threads):
         correct = exact_match(model, test_data).float()  # (N,)
