@@ -312,3 +312,40 @@ def test_plain_greedy_decode_is_what_seq2seq_runs_and_steps_match_teacher_forcin
             step_logits, state = model.decoder.step(batch.tgt_in[:, i], state, context)
             stepped.append(step_logits)
     torch.testing.assert_close(torch.stack(stepped, dim=1), logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_encoder_context_is_the_packed_grus_own_final_state(bidirectional):
+    """The encoder reads c from its states with final_states (notebook 01's exercise 1): exactly the GRU's h_n."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    torch.manual_seed(0)
+    encoder = Encoder(9, 5, 6, bidirectional=bidirectional)
+    src = torch.randint(3, 9, (4, 7))
+    lengths = torch.tensor([7, 1, 4, 2])
+    src[torch.arange(7)[None, :] >= lengths[:, None]] = 0  # right padding
+    states, context = encoder(src, lengths)
+    _, h_n = encoder.gru(pack_padded_sequence(encoder.embedding(src), lengths, batch_first=True, enforce_sorted=False))
+    assert torch.equal(context, torch.cat(list(h_n), dim=-1))  # bit for bit: the models of 01 and 02 train as before
+    assert context.shape == (4, 12 if bidirectional else 6)
+
+
+def test_train_runs_train_step_or_the_step_it_is_given():
+    """training.train calls train_step (the step notebook 01 shows) once per step, or the step passed to it."""
+    from course_utils.experiments.training import train_step
+
+    vocab = reversal_vocab(6)
+    data = make_batch(make_reversal_pairs(16, 3, 5, 6, seed=0), vocab, vocab)
+    config = dataclasses.replace(SMALL, steps=4, batch_size=4)
+    runs, calls = [], []
+
+    def counted(*args):
+        calls.append(args[3])  # the learning rate of this step
+        return train_step(*args)
+
+    for step in (None, counted):
+        torch.manual_seed(0)
+        model = build_seq2seq(config, len(vocab), len(vocab), "plain")
+        runs.append(train(model, data, config, step=step) if step else train(model, data, config))
+    assert runs[0].losses == runs[1].losses and len(runs[0].losses) == 4
+    assert calls == [learning_rate(k, config) for k in range(4)]

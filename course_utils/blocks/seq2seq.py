@@ -101,11 +101,9 @@ def final_states(states: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 class Encoder(nn.Module):
     """Embedding + (bi)GRU over the source (notebook 01).
 
-    Bidirectional by default, as in Bahdanau et al.: the state ``h_j`` at
-    position ``j`` then summarises the source both before and after ``j``,
-    which is what an attention read at ``j`` should return (notebook 02).
-    Padding is packed away, so padded positions never influence the real
-    states, and come back as zeros.
+    Bidirectional by default, as in Bahdanau et al.: ``h_j`` then summarises the source both before and
+    after ``j``, what an attention read at ``j`` should return (notebook 02). Padding is packed away, so
+    padded positions never influence the real states, and come back as zeros.
 
     Args:
         vocab_size: Source vocabulary size ``V``.
@@ -128,17 +126,19 @@ class Encoder(nn.Module):
             src_lengths: Real lengths, ``(B,)``.
 
         Returns:
-            ``states`` ``(B, S, 2R)`` (zeros at padded positions) and the
-            context vector ``c`` ``(B, 2R)``: the left-to-right GRU's state at
-            the last real token concatenated with the right-to-left GRU's
-            state at position 0 (``R`` instead of ``2R`` if one-directional).
+            ``states`` ``(B, S, 2R)`` (zeros at padded positions) and the context vector ``c`` ``(B, 2R)``:
+            the left-to-right GRU's state at the last real token (read with :func:`final_states`), then the
+            right-to-left GRU's state at position 0 (``R`` instead of ``2R`` if one-directional).
         """
         emb = self.embedding(src)  # (B, S) -> (B, S, D)
         packed = pack_padded_sequence(emb, src_lengths.cpu(), batch_first=True, enforce_sorted=False)
-        packed_states, last = self.gru(packed)  # last: (directions, B, R), each direction's final state
-        states, _ = pad_packed_sequence(packed_states, batch_first=True, total_length=src.shape[1])  # (B, S, 2R)
-        context = torch.cat(list(last), dim=-1)  # directions x (B, R) -> (B, 2R)
-        return states, context
+        states, _ = pad_packed_sequence(self.gru(packed)[0], batch_first=True, total_length=src.shape[1])  # (B, S, 2R)
+        R = self.gru.hidden_size
+        left_to_right = final_states(states[..., :R], src_lengths)  # (B, R): at the last real token, L_b - 1
+        if not self.gru.bidirectional:
+            return states, left_to_right  # c: (B, R)
+        right_to_left = states[:, 0, R:]  # (B, R): at position 0, where the right-to-left GRU stops
+        return states, torch.cat([left_to_right, right_to_left], dim=-1)  # c: (B, 2R)
 
 
 # --------------------------------------------------------------------------

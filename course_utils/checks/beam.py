@@ -84,32 +84,32 @@ def _markov_model(table: Mapping[int, Mapping[int, float]], V: int = 8) -> seq2s
 
 
 _DESIGNED = [  # (what the model does, its table {y_{i-1}: {y_i: p}}, k, max_len); each usual mistake fails one
-    ("a model whose most likely first token leads only to unlikely continuations (k = 2)",
+    ("a model whose most likely first token leads only to unlikely continuations (beam_size = 2)",
      {1: {_A: 0.55, _B: 0.44}, _A: {_C: 0.3, _D: 0.26, _E: 0.24, _EOS: 0.15}, _B: {_EOS: 0.95}}, 2, 4),
-    ("a model where an unlikely prefix has a very likely next token (k = 2)",
+    ("a model where an unlikely prefix has a very likely next token (beam_size = 2)",
      {1: {_A: 0.8, _B: 0.15}, _A: {_C: 0.5, _D: 0.45}, _B: {_E: 0.99}, _C: {_EOS: 0.3}, _D: {_EOS: 0.95},
       _E: {_EOS: 0.95}}, 2, 4),
-    ("a model whose best hypothesis finishes after a worse one (k = 2)",
+    ("a model whose best hypothesis finishes after a worse one (beam_size = 2)",
      {1: {_A: 0.6, _EOS: 0.35}, _A: {_EOS: 0.9}}, 2, 3),
-    ("a model where the beam must narrow after a hypothesis finishes (k = 2)",
+    ("a model where the beam must narrow after a hypothesis finishes (beam_size = 2)",
      {1: {_A: 0.9, _EOS: 0.05}, _A: {_B: 0.5, _C: 0.45}, _B: {_A: 0.26, _C: 0.24, _D: 0.21, _E: 0.19, _EOS: 0.08},
       _C: {_EOS: 0.99}}, 2, 3),
-    ("a model where a prefix cut at max_len is more likely than every finished hypothesis (k = 2)",
+    ("a model where a prefix cut at max_len is more likely than every finished hypothesis (beam_size = 2)",
      {1: {_A: 0.7, _EOS: 0.2}, _A: {_B: 0.8, _EOS: 0.1}}, 2, 2),
-    ("a model whose most likely first token is <eos> (k = 3)",
+    ("a model whose most likely first token is <eos> (beam_size = 3)",
      {1: {_EOS: 0.5, _A: 0.45}, _A: {_B: 0.95}, _B: {_C: 0.95}, _C: {_EOS: 0.95}}, 3, 5),
-    ("a model whose most likely first token is <eos> (k = 1)", {1: {_EOS: 0.5, _A: 0.45}}, 1, 5),
-    ("a model with two interchangeable tokens, tied (k = 2)",
+    ("a model whose most likely first token is <eos> (beam_size = 1)", {1: {_EOS: 0.5, _A: 0.45}}, 1, 5),
+    ("a model with two interchangeable tokens, tied (beam_size = 2)",
      {1: {_C: 0.4, _A: 0.28, _B: 0.28}, _A: {_EOS: 0.9}, _B: {_EOS: 0.9}, _C: {_EOS: 0.5}}, 2, 4),
-    ("a model with two interchangeable tokens, tied (k = 1)",
+    ("a model with two interchangeable tokens, tied (beam_size = 1)",
      {1: {_A: 0.4, _B: 0.4, _C: 0.15}, _A: {_D: 0.7}, _B: {_D: 0.7}, _D: {_EOS: 0.8}}, 1, 4),
 ]
 
 _MISTAKES = {
     "no sum": "the extensions were ranked by the new token's log-probability alone; a prefix's score is the sum "
               "over all its tokens, so add the new token's log-probability to its prefix's score",
-    "keeps k": "the beam kept k prefixes after a hypothesis had finished; each finished hypothesis takes one of the "
-               "k places, so the beam narrows by one",
+    "keeps k": "the beam kept beam_size prefixes after a hypothesis had finished; each finished hypothesis takes "
+               "one of the beam_size places, so the beam narrows by one",
     "stops at first": "the search stopped when the first hypothesis wrote <eos>; it goes on until the beam is empty or "
                       "the prefixes have max_len tokens",
     "first finished": "the answer is the first hypothesis that finished, but it must be the one with the highest score",
@@ -147,10 +147,11 @@ def check_beam_search(fn: Callable[..., Any], seed: int = 0, B: int = 4, S: int 
         CheckError: Naming the likely bug; never the expected tokens or scores.
     """
     __tracebackhide__ = True  # noqa: F841
-    cases = [(f"(B, S, V, k) = {(B, S, V, k)}", {"B": B, "k": k}, ""),
+    cases = [(f"(B, S, V, beam_size) = {(B, S, V, k)}", {"B": B, "k": k}, ""),
              ("B = 1", {"B": 1, "k": k}, "with a batch of one, look for a `.squeeze()` or an index [0] that drops "
                                          "the batch axis"),
-             ("k = 1", {"B": B, "k": 1}, "with k = 1, beam search must give greedy decoding's answer (section 3)")]
+             ("beam_size = 1", {"B": B, "k": 1},
+              "with beam_size = 1, beam search must give greedy decoding's answer (section 3)")]
 
     def sources(B: int, S: int, V: int, seed: int = seed) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(seed)
@@ -166,8 +167,8 @@ def check_beam_search(fn: Callable[..., Any], seed: int = 0, B: int = 4, S: int 
                        f"on {label}: ")
         for model_seed, k_probe in _STATE_CASES:
             _beam_case(fn, _state_model(model_seed), *sources(8, 5, 9, model_seed), k_probe, 8,
-                       f"on a random decoder whose next token depends on its state alone (k = {k_probe}): ")
-        _beam_case(fn, _random_model(seed + 1, 5), *sources(2, S, 5), 8, max_len, "with k = 8 > V = 5: ")
+                       f"on a random decoder whose next token depends on its state alone (beam_size = {k_probe}): ")
+        _beam_case(fn, _random_model(seed + 1, 5), *sources(2, S, 5), 8, max_len, "with beam_size = 8 > V = 5: ")
     passed("beam_search")
 
 
@@ -229,8 +230,9 @@ def _beam_case(fn: Callable[..., Any], model: seq2seq.Seq2Seq, src: torch.Tensor
     saved = [t.clone() for t in (src, lengths, *model.state_dict().values())]
     with torch.no_grad():
         got = call(fn, model, src, lengths, k, max_len, name="beam_search", expected="a tuple (tokens, scores)",
-                   error_hint="the first step has one prefix, so it has only V candidates (fewer than k if k > V), "
-                              "and the beam holds fewer than k prefixes once hypotheses have finished")
+                   error_hint="the first step has one prefix, so it has only V candidates (fewer than beam_size if "
+                              "beam_size > V), and the beam holds fewer than beam_size prefixes once hypotheses "
+                              "have finished")
     if not all(torch.equal(a, b) for a, b in zip(saved, (src, lengths, *model.state_dict().values()))):
         raise CheckError(f"{where}beam_search changed its inputs or the model's weights: read them, do not write")
     if not (isinstance(got, tuple) and len(got) == 2):
@@ -255,12 +257,12 @@ def _beam_case(fn: Callable[..., Any], model: seq2seq.Seq2Seq, src: torch.Tensor
         return
     rows = f"rows {wrong} of {B}"
     if k == 1:
-        raise CheckError(f"{where}with k = 1, beam search is greedy decoding (section 3), but {rows} differ from "
-                         "greedy decoding's answer: keep the single most likely extension at each step")
+        raise CheckError(f"{where}with beam_size = 1, beam search is greedy decoding (section 3), but {rows} "
+                         "differ from greedy decoding's answer: keep the single most likely extension at each step")
     greedy = _rows(seq2seq.plain_greedy_decode(model.encoder, model.decoder, src, lengths, max_len))
     if all(mine[b] == greedy[b] for b in wrong):
-        raise CheckError(f"{where}{rows} are greedy decoding's answer; with k = {k} the beam keeps the k best "
-                         "prefixes at every step, and one that is not the most likely at first can win")
+        raise CheckError(f"{where}{rows} are greedy decoding's answer; with beam_size = {k} the beam keeps the "
+                         "beam_size best prefixes at every step, and one that is not the most likely at first can win")
     if _follows_slots(model, src, lengths, k, max_len, mine, scores.float()):
         raise CheckError(f"{where}{rows} are wrong: {_STATE_MISTAKE}")
     for change, mistake in _MISTAKES.items():
@@ -272,7 +274,8 @@ def _beam_case(fn: Callable[..., Any], model: seq2seq.Seq2Seq, src: torch.Tensor
                          "did the search stop while prefixes were still in the beam?")
     more = [b for b in wrong if scores[b] > want_scores[b]]
     raise CheckError(f"{where}{rows} are not the hypothesis that the beam search of the statement finds. " + (
-        f"Yours is more likely in rows {more}: does the beam keep more than k prefixes, counting the finished ones?"
+        f"Yours is more likely in rows {more}: does the beam keep more than beam_size prefixes, counting the "
+        "finished ones?"
         if more else "A more likely one is in reach of the beam: is a good prefix dropped, or a finished one lost?"))
 
 
