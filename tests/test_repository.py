@@ -46,11 +46,13 @@ def test_environment_yml_uses_the_same_single_list():
 
 def test_readme_quick_start_and_ci_use_the_same_commands():
     readme = (ROOT / "README.md").read_text()
+    learner = readme.split("## Start here, if you are learning", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"^make [\w-]+$", learner, re.M) == ["make lab"], "a learner's start gives one command"
     quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    commands = re.findall(r"^make \w+$", quick, re.M)
-    assert commands == ["make lab", "make test"], commands
+    commands = re.findall(r"^make [\w-]+$", quick, re.M)
+    assert commands == ["make lab-instructor", "make test"], commands
     makefile = (ROOT / "Makefile").read_text()
-    for target in ("setup", "lab", "test", "execute", "release", "grade", "site", "slides", "browser-test"):
+    for target in ("setup", "lab", "lab-instructor", "test", "execute", "release", "grade", "site", "slides", "browser-test"):
         assert re.search(rf"^{target}:", makefile, re.M), f"Makefile has no '{target}' target"
         assert f"make {target}" in readme, f"README does not explain make {target}"
     assert re.search(r"^make test$", (ROOT / ".ci" / "run").read_text(), re.M), ".ci/run must call the README's test command"
