@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from importlib.metadata import version
 
@@ -70,3 +71,14 @@ def test_syllabus_table_lists_every_notebook_with_measured_minutes():
             f"{name}: measured CPU minutes missing (run make bench)"
         first = nbformat.read(ROOT / "notebooks" / name, as_version=4).cells[0].source
         assert "*Runtime:*" in first
+
+
+def test_the_learners_command_opens_the_student_version():
+    """`make lab` (the README's one command for learners) writes the release into my-notebooks/ and opens it there."""
+    dry = subprocess.run(["make", "-n", "lab"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    lab = [line for line in dry.splitlines() if "jupyter lab" in line]
+    assert "course_utils.tooling.grading release --out \"my-notebooks\"" in dry
+    assert len(lab) == 1 and lab[0].rstrip().endswith('"my-notebooks/00_orientation.ipynb"'), lab
+    instructor = subprocess.run(["make", "-n", "lab-instructor"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout
+    assert "notebooks/00_orientation.ipynb" in instructor and "release" not in instructor
