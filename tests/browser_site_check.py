@@ -217,7 +217,7 @@ def test_download_buttons_give_the_notebook_and_its_student_version(browser, ser
         assert all(not c.get("outputs") for c in student.cells if c.cell_type == "code"), "and no outputs"
         stubs = [c.source for c in student.cells
                  if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
-        assert stubs and all("raise NotImplementedError()" in stub for stub in stubs), \
+        assert stubs and all("raise NotImplementedError()" in stub or "# YOUR CODE HERE" in stub for stub in stubs), \
             f"{entry.page}: the student version's exercise cells are nbgrader's stubs"
         assert links["source"].encode() == (ROOT / "notebooks" / entry.file).read_bytes(), \
             f"{entry.page}: the .ipynb download is the committed notebook (rebuild the site after changing it)"
