@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 # Settings shared by `make execute`, the nbval run (tests/conftest.py) and grading.
-NOTEBOOK_BUDGET = 90.0  # seconds per notebook, kernel start included (``make bench`` holds every notebook to it)
+NOTEBOOK_BUDGET = 60.0  # seconds per notebook, kernel start included (``make bench`` holds every notebook to it)
 KERNEL_ENV = {"PYTHONHASHSEED": "0", "IPYKERNEL_CELL_NAME": "<IPY-INPUT>"}
 
 
