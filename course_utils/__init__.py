@@ -13,10 +13,10 @@ the layers below it (import-linter checks this in the test suite):
                   and ``data`` and ``plotting`` at the bottom; above them one
                   module per experiment (``training`` 01-02 and 07, ``embeddings``
                   03, ``scaling`` 04, ``neighbours`` 05, ``order`` 06,
-                  ``deep_stacks`` 07, ``efficiency`` 08, ``language_model`` 09).
+                  ``deep_stacks`` 08, ``efficiency`` 09, ``language_model`` 10 and 11).
     blocks        the models: ``masks``, ``attention`` (00, 03, 04),
                   ``scorers`` and ``seq2seq`` (01, 02), ``positional`` (06),
-                  ``multihead`` (05), ``transformer`` (07), ``gpt`` (09).
+                  ``multihead`` (05), ``transformer`` (07), ``gpt`` (10, 11).
     core          ``errors``, ``portable`` (pinned CPU code paths),
                   ``reproducibility`` (``setup``, ``error_bound``).
 
@@ -50,9 +50,12 @@ from course_utils.blocks.multihead import (
 )
 from course_utils.blocks.positional import (
     apply_rotary,
+    apply_rotary_half,
     frequencies,
+    rotate_half,
     shift_matrix,
     sinusoidal_positional_encoding,
+    to_rotate_half,
     validate_positions,
 )
 from course_utils.blocks.transformer import (
@@ -67,13 +70,24 @@ from course_utils.blocks.transformer import (
     layer_norm,
     residual,
 )
-from course_utils.experiments.deep_stacks import StackRun, WarmupConfig, gradient_norms_by_layer, train_reversal_stack
+from course_utils.experiments.deep_stacks import (
+    ReversalStack,
+    StackRun,
+    WarmupConfig,
+    WithoutResidual,
+    gradient_norm_per_block,
+    gradient_norms_by_layer,
+    reversal_batch,
+    train_reversal_stack,
+)
 from course_utils.experiments.efficiency import (
     LayerTimes,
     SelfAttentionLayer,
     causal_tiled_attention,
     online_softmax_update,
+    page_faults,
     peak_memory_curve,
+    peak_memory_curves,
     peak_memory_mb,
     tiled_attention,
     time_call,
@@ -91,9 +105,11 @@ from course_utils.experiments.neighbours import (
 )
 from course_utils.experiments.order import (
     POSITION_KINDS,
+    OrderBlock,
     OrderModel,
     OrderResult,
     ReversalConfig,
+    RotarySelfAttention,
     make_reversal_batch,
     train_order_model,
 )
@@ -111,11 +127,13 @@ __all__ = [
     "NeighbourConfig",
     "NeighbourModel",
     "NeighbourResult",
+    "OrderBlock",
     "OrderModel",
     "OrderResult",
     "POSITION_KINDS",
     "ReversalConfig",
     "RotaryProjection",
+    "RotarySelfAttention",
     "SelfAttentionLayer",
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
@@ -124,16 +142,21 @@ __all__ = [
     "decoder_layer_forward",
     "causal_tiled_attention",
     "is_pre_ln",
+    "ReversalStack",
     "StackRun",
     "WarmupConfig",
+    "WithoutResidual",
     "train_reversal_stack",
     "ablate_head",
     "apply_rotary",
+    "apply_rotary_half",
     "attention_cost",
     "attention_entropy",
     "causal_mask",
     "frequencies",
+    "gradient_norm_per_block",
     "gradient_norms_by_layer",
+    "reversal_batch",
     "head_offset_profile",
     "layer_norm",
     "make_neighbour_batch",
@@ -146,9 +169,12 @@ __all__ = [
     "online_softmax_update",
     "padding_mask",
     "pairwise_scores",
+    "page_faults",
     "peak_memory_curve",
+    "peak_memory_curves",
     "peak_memory_mb",
     "residual",
+    "rotate_half",
     "scaled_dot_product_attention",
     "scaled_scores",
     "setup",
@@ -156,6 +182,7 @@ __all__ = [
     "sinusoidal_positional_encoding",
     "split_heads",
     "tiled_attention",
+    "to_rotate_half",
     "time_call",
     "time_layers",
     "train_neighbour_model",

@@ -143,13 +143,11 @@ BUGGY = {
         ),
     },
     "06_positional_encoding": {
-        # sine and cosine swapped
-        "sinusoidal_positional_encoding": (
-            "def sinusoidal_positional_encoding(T, D):\n"
-            "    angles = torch.arange(T)[:, None] * 10000 ** (-torch.arange(0, D, 2)[None, :] / D)\n"
-            "    pe = torch.zeros(T, D)\n"
-            "    pe[:, 0::2], pe[:, 1::2] = torch.cos(angles), torch.sin(angles)\n"
-            "    return pe\n"
+        # reorders all D rows as if they were one head
+        "to_rotate_half": (
+            "def to_rotate_half(weight, num_heads):\n"
+            "    D = weight.shape[0]\n"
+            "    return weight[torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])]\n"
         ),
         # rotates by minus the angle
         "apply_rotary": (
@@ -195,7 +193,19 @@ BUGGY = {
             "    return residual(x, lambda h: linear('linear2')(act(linear('linear1')(h))), norm('norm3'), norm_first)\n"
         ),
     },
-    "08_attention_at_scale": {
+    "08_training_deep_stacks": {
+        # the block of a parameter read from a prefix: "10.self_attn..." also counts for block 1
+        "gradient_norm_per_block": (
+            "def gradient_norm_per_block(grads, num_layers):\n"
+            "    norms = []\n"
+            "    for block in range(num_layers):\n"
+            "        squares = sum(float((g ** 2).sum()) for name, g in grads.items()\n"
+            "                      if g is not None and name.startswith(str(block)))\n"
+            "        norms.append(squares ** 0.5)\n"
+            "    return norms\n"
+        ),
+    },
+    "09_attention_at_scale": {
         # the running sum of values is not rescaled when the maximum grows
         "online_softmax_update": (
             "def online_softmax_update(m, l, acc, scores, v):\n"
@@ -220,7 +230,7 @@ BUGGY = {
             "    return torch.cat(outs, dim=-2), tiles\n"
         ),
     },
-    "09_small_gpt": {
+    "10_small_gpt": {
         # no shift: each position is scored against the token it reads
         "next_token_loss": (
             "def next_token_loss(model, tokens):\n"
@@ -239,6 +249,8 @@ BUGGY = {
             "        logits = logits.masked_fill(drop.scatter(-1, order, drop), float('-inf'))\n"
             "    return logits\n"
         ),
+    },
+    "11_gpt_inference": {
         # the causal mask is not shifted by the cached positions
         "attend_with_cache": (
             "def attend_with_cache(q, k, v, cache=None):\n"
@@ -509,6 +521,12 @@ NEW_KINDS = {
          "    scale = scale or 1 / math.sqrt(q.shape[-1])\n"
          "    weights = masked_softmax(q @ k.transpose(-2, -1) * scale, mask)\n    return weights @ v, weights\n",
          "treats 0.0 as missing"),
+        ("a guard that multiplies by mask.any: NaN * 0 is still NaN", "def scaled_dot_product_attention(q, k, v, "
+         "mask=None, scale=None):\n    scale = q.shape[-1] ** -0.5 if scale is None else scale\n"
+         "    scores = q @ k.transpose(-2, -1) * scale\n    if mask is not None:\n"
+         "        scores = scores.masked_fill(~mask, float('-inf'))\n    weights = torch.softmax(scores, dim=-1)\n"
+         "    if mask is not None:\n        weights = weights * mask.any(dim=-1, keepdim=True)\n"
+         "    return weights @ v, weights\n", "weights are NaN"),
     ],
     "attention_entropy": [
         ("3-D-only code", "def attention_entropy(weights):\n"
@@ -567,17 +585,22 @@ NEW_KINDS = {
          "cut off from autograd"),
         ("masks of one broadcastable shape only: (B, 1, 1, S)", _MHA.replace(
             "(q, k, v, mask)", "(q, k, v, None if mask is None else mask.view(mask.shape[0], 1, 1, -1))"), "mask"),
+        ("no scale on the scores", _MHA.replace("(q, k, v, mask)", "(q, k, v, mask, 1.0)"), "not scaled at all"),
         ("calls the reference", "def multi_head_attention(*args):\n"
          "    from course_utils.blocks.multihead import multi_head_attention as mha\n    return mha(*args)\n",
          "calls the course's reference"),
     ],
-    "sinusoidal_positional_encoding": [
-        ("a squeeze that breaks at T = 1", "def sinusoidal_positional_encoding(T, D):\n"
-         "    from course_utils.blocks.positional import frequencies\n"
-         "    angles = torch.arange(T, dtype=torch.float32)[:, None] * frequencies(D)[None, :]\n"
-         "    return torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).reshape(T, D).squeeze()\n", "T = 1"),
-        ("calls the reference", "def sinusoidal_positional_encoding(T, D):\n"
-         "    from course_utils.blocks.positional import sinusoidal_positional_encoding as pe\n    return pe(T, D)\n",
+    "to_rotate_half": [
+        ("the inverse reordering", "def to_rotate_half(weight, num_heads):\n"
+         "    D = weight.shape[0]\n    Dh = D // num_heads\n"
+         "    return weight.reshape(num_heads, 2, Dh // 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)\n",
+         "the other way"),
+        ("in place", "def to_rotate_half(weight, num_heads):\n"
+         "    D = weight.shape[0]\n    Dh = D // num_heads\n"
+         "    rows = [h * Dh + n for h in range(num_heads) for n in [*range(0, Dh, 2), *range(1, Dh, 2)]]\n"
+         "    weight.copy_(weight[rows])\n    return weight\n", "in place"),
+        ("calls the reference", "def to_rotate_half(weight, num_heads):\n"
+         "    from course_utils.blocks.positional import to_rotate_half as convert\n    return convert(weight, num_heads)\n",
          "calls the course's reference"),
     ],
     "apply_rotary": [
@@ -628,6 +651,23 @@ NEW_KINDS = {
         ("calls the reference", "def is_pre_ln(block, D):\n"
          "    from course_utils.blocks.transformer import is_pre_ln as reference\n    return reference(block, D)\n",
          "calls the course's reference"),
+    ],
+    "gradient_norm_per_block": [
+        ("calls the reference", "def gradient_norm_per_block(grads, num_layers):\n"
+         "    from course_utils.experiments.deep_stacks import gradient_norm_per_block as reference\n"
+         "    return reference(grads, num_layers)\n", "calls the course's reference"),
+        ("the norms of the parameters added up", "def gradient_norm_per_block(grads, num_layers):\n"
+         "    norms = [0.0] * num_layers\n"
+         "    for name, g in grads.items():\n"
+         "        if g is not None:\n"
+         "            norms[int(name.split('.')[0])] += float(g.norm())\n"
+         "    return norms\n", "norms of a block's parameters were added up"),
+        ("the squared norm", "def gradient_norm_per_block(grads, num_layers):\n"
+         "    squares = [0.0] * num_layers\n"
+         "    for name, g in grads.items():\n"
+         "        if g is not None:\n"
+         "            squares[int(name.split('.')[0])] += float((g ** 2).sum())\n"
+         "    return squares\n", "square root is missing"),
     ],
     "decoder_layer_forward": [
         ("the memory normalised by norm2 in a pre-LN layer", _DECODER_LAYER.replace(

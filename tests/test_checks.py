@@ -550,15 +550,13 @@ def test_check_scaled_dot_product_attention_names_the_bug(buggy, fragment):
         ({"1"}, "'1' is not a statement number"),
         ({1, 9}, "9 is not a statement number"),
         (set(), "spot_the_error is still empty"),
-        # three right picks: the message counts them as wrong statements found, never as "right" statements
-        (set(WORKED_EXAMPLE_WRONG) - {5}, "1 of the 8 statements misjudged: your set of 3 numbers has 3 of the wrong "
-                                          "statements and 0 of the right ones (only wrong statements belong in it), "
-                                          "and misses 1 wrong statement"),
-        (set(WORKED_EXAMPLE_WRONG) | {7}, "1 of the 8 statements misjudged: your set of 5 numbers has 4 of the wrong "
-                                          "statements and 1 of the right ones (only wrong statements belong in it), "
-                                          "and misses 0 wrong statements"),
-        ({2}, "5 of the 8 statements misjudged: your set of 1 number has 0 of the wrong statements and 1 of the "
-              "right ones"),
+        # three wrong statements found, one missed: the message must not read as "your picks are wrong"
+        (set(WORKED_EXAMPLE_WRONG) - {5}, "not yet the set of wrong statements: your set has 3 numbers and 4 "
+                                          "statements are wrong, so at least 1 wrong statement is still missing"),
+        (set(WORKED_EXAMPLE_WRONG) | {7}, "your set has 5 numbers and only 4 statements are wrong, so at least 1 of "
+                                          "your numbers is a right statement"),
+        (set(WORKED_EXAMPLE_WRONG) - {1} | {2}, "your set has the right size, 4, but at least one of its numbers"),
+        ({2}, "your set has 1 number and 4 statements are wrong, so at least 3 wrong statements are still missing"),
     ],
 )
 def test_check_spot_the_error_names_the_mistake(answer, fragment):
@@ -568,30 +566,31 @@ def test_check_spot_the_error_names_the_mistake(answer, fragment):
 
 
 def test_check_spot_the_error_does_not_reveal_the_key():
-    """Over all 256 answers, the message depends only on how many chosen statements are right and how many wrong
-    ones are missing: two answers with the same counts get the same message, so no message says which."""
+    """Over all 256 answers, the message depends only on the size of the set (and on whether it is exactly right):
+    two sets of the same size get the same message, so no sequence of tries, one-element sets included, learns which
+    statements are wrong (issue 27: eight one-element submissions used to extract the key)."""
     import itertools
 
     from course_utils.checks import WORKED_EXAMPLE_STATEMENTS
 
-    by_counts: dict[tuple[int, int, int], set[str]] = {}
-    for size in range(9):
+    by_size: dict[int, set[str]] = {}
+    for size in range(1, 9):
         for answer in itertools.combinations(range(1, 9), size):
             try:
                 check_spot_the_error(set(answer))
-                message = "passed"
+                continue  # the one right answer
             except CheckError as err:
                 message = str(err)
             assert not re.search(r"statement \d|\{\d", message), message
             assert not any(text in message for text in WORKED_EXAMPLE_STATEMENTS.values()), message
-            counts = (len(answer), len(set(answer) - WORKED_EXAMPLE_WRONG), len(WORKED_EXAMPLE_WRONG - set(answer)))
-            by_counts.setdefault(counts, set()).add(message)
-    assert all(len(messages) == 1 for messages in by_counts.values()), "a message depends on more than the counts"
-    with pytest.raises(CheckError) as one:
-        check_spot_the_error(set(WORKED_EXAMPLE_WRONG) - {4} | {7})  # a wrong statement missed, a right one flagged
-    with pytest.raises(CheckError) as other:
-        check_spot_the_error(set(WORKED_EXAMPLE_WRONG) - {1} | {2})  # another pair: the same message
-    assert str(one.value) == str(other.value)
+            by_size.setdefault(size, set()).add(message)
+    assert all(len(messages) == 1 for messages in by_size.values()), "a message depends on more than the set's size"
+    singles = set()
+    for n in range(1, 9):  # the attack of the issue: one statement at a time
+        with pytest.raises(CheckError) as err:
+            check_spot_the_error({n})
+        singles.add(str(err.value))
+    assert len(singles) == 1
 
 
 def test_worked_example_explanation_covers_every_statement():
@@ -758,6 +757,7 @@ REFERENCES = {
     "merge_heads": multihead.merge_heads,
     "multi_head_attention": multihead.multi_head_attention,
     "sinusoidal_positional_encoding": positional.sinusoidal_positional_encoding,
+    "to_rotate_half": positional.to_rotate_half,
     "apply_rotary": positional.apply_rotary,
     "layer_norm": transformer.layer_norm,
     "is_pre_ln": transformer.is_pre_ln,
@@ -1117,12 +1117,15 @@ def test_the_buggy_answers_differ_from_the_right_one_only_where_they_say(one_thr
     assert all(source != _DECODER_LAYER for _, source, _ in DECODER_LAYER_BUGS), "a replacement that changed nothing"
 
 
-# --- notebook 04, exercise 3: a measurement, graded against the reference measurement on the same draws -------
+# --- notebook 04, exercise 2: a measurement, graded against the reference measurement on the same draws -------
 
 from course_utils.checks import check_saturation_width  # noqa: E402
 from course_utils.experiments import scaling as scaling_experiments  # noqa: E402
 
 REFERENCES["saturation_width"] = scaling_experiments.saturation_width  # for the reference-guard test above
+from course_utils.experiments import deep_stacks  # noqa: E402
+
+REFERENCES["gradient_norm_per_block"] = deep_stacks.gradient_norm_per_block  # notebook 08
 
 _WIDTH = (
     "def saturation_width(Dks, S, T, generator, threshold=0.9):\n"

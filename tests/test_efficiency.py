@@ -75,7 +75,7 @@ def test_peak_memory_curve_measures_each_length_afresh():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_checker_accepts_the_notebook_solution(seed, capsys):
-    solution = notebook_solution("08_attention_at_scale", "online_softmax_update")
+    solution = notebook_solution("09_attention_at_scale", "online_softmax_update")
     check_online_softmax_update(solution, seed=seed)
     check_online_softmax_update(solution, seed=seed, T=1, Dv=2, block_sizes=(1, 4, 3))
     assert capsys.readouterr().out.count("all checks passed") == 2
@@ -150,3 +150,24 @@ def test_causal_tiled_attention_skips_the_upper_tiles():
 def test_causal_tiled_attention_rejects_an_empty_block():
     with pytest.raises(InputError, match="block_size"):
         efficiency.causal_tiled_attention(torch.zeros(3, 4), torch.zeros(3, 4), torch.zeros(3, 4), block_size=0)
+
+
+def test_peak_memory_curves_side_by_side_agree_with_one_process_each():
+    ns = [1024, 2048]
+    together = efficiency.peak_memory_curves(("naive", "pytorch"), ns, 32)
+    assert list(together) == ["naive", "pytorch"]
+    assert all(mb >= 4 * n * n / 2**20 for mb, n in zip(together["naive"], ns)), together
+    assert max(together["pytorch"]) < together["naive"][0] / 2, together
+    with pytest.raises(InputError, match="kind must be"):
+        efficiency.peak_memory_curves(("naive", "flash"), ns, 32)
+
+
+def test_page_faults_counts_the_fresh_pages_of_a_large_tensor():
+    import mmap
+
+    n = 4096  # a 64 MiB float32 matrix, above glibc's largest mmap threshold (32 MiB): fresh pages on every call
+    pages = 4 * n * n // mmap.PAGESIZE
+    faults = efficiency.page_faults(lambda: torch.ones(n, n))
+    assert faults >= 0.9 * pages, (faults, pages)
+    buffer = torch.empty(n, n)
+    assert efficiency.page_faults(lambda: buffer.fill_(1.0)) < 0.01 * pages

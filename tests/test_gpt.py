@@ -1,4 +1,4 @@
-"""Notebook 09: the small GPT, its KV cache and grouped-query attention, the corpus, the training helpers,
+"""Notebooks 10 and 11: the small GPT, its KV cache and grouped-query attention, the corpus, the training helpers,
 the attention patterns read for induction heads, the checkers."""
 
 from __future__ import annotations
@@ -187,11 +187,11 @@ def test_attention_weights_rebuild_every_blocks_attention_output(G):
 
 def test_checkers_accept_the_notebook_solutions(capsys):
     for seed, shape in [(0, {}), (1, {"B": 1, "T": 1, "V": 3}), (2, {"B": 4, "T": 9, "V": 5})]:
-        check_next_token_loss(notebook_solution("09_small_gpt", "next_token_loss"), seed=seed, **shape)
+        check_next_token_loss(notebook_solution("10_small_gpt", "next_token_loss"), seed=seed, **shape)
     for seed, shape in [(0, {}), (1, {"B": 1, "V": 3}), (2, {"B": 6, "V": 50})]:
-        check_filter_logits(notebook_solution("09_small_gpt", "filter_logits"), seed=seed, **shape)
+        check_filter_logits(notebook_solution("10_small_gpt", "filter_logits"), seed=seed, **shape)
     for seed, shape in [(0, {}), (1, {"B": 1, "H": 2, "G": 1, "Dh": 4}), (2, {"B": 3, "H": 3, "G": 3, "Dh": 2})]:
-        check_attend_with_cache(notebook_solution("09_small_gpt", "attend_with_cache"), seed=seed, **shape)
+        check_attend_with_cache(notebook_solution("11_gpt_inference", "attend_with_cache"), seed=seed, **shape)
     assert capsys.readouterr().out.count("all checks passed") == 9
 
 
@@ -336,3 +336,30 @@ def test_a_cache_returned_without_the_new_positions_is_named():
 
     with pytest.raises(CheckError, match="without the new positions"):
         check_attend_with_cache(stale)
+
+
+# --- the shipped checkpoints (notebook 11) ---------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gpt_dictionary_mha.pt", "gpt_dictionary_mqa.pt"])
+def test_shipped_checkpoints_match_the_readme_and_load_as_a_gpt(name):
+    readme = (DATA_DIR / "README.md").read_text(encoding="utf-8")
+    row = re.search(rf"^\| `{re.escape(name)}` \| ([\d,]+) \| ([\d,]+) \| `([0-9a-f]{{64}})` \|", readme, re.M)
+    assert row, f"data/README.md has no row for {name}"
+    raw = (DATA_DIR / name).read_bytes()
+    assert (len(raw), hashlib.sha256(raw).hexdigest()) == (int(row[2].replace(",", "")), row[3])
+    assert len(raw) < 2_000_000, "a shipped checkpoint stays under 2 MB"
+    model = lm.load_checkpoint(DATA_DIR / name)
+    assert sum(p.numel() for p in model.parameters()) == int(row[1].replace(",", ""))
+    assert not model.training and all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_repeated_segments_repeat_the_segment_after_a_gap_and_mark_the_copyable_positions():
+    tokens, copyable = lm.repeated_segments(50, 5, 4, 7, torch.Generator().manual_seed(0))
+    assert tokens.shape == (50, 15) and copyable.shape == (50, 14) and (copyable.sum(1) == 4).all()
+    gaps = set()
+    for row, marks in zip(tokens, copyable):
+        start = int(marks.nonzero()[0])  # the second copy's first position
+        gaps.add(start - 5)
+        assert torch.equal(row[start:start + 5], row[:5])
+    assert gaps == set(range(5)), "every gap from 0 to max_gap occurs"

@@ -19,6 +19,7 @@ from course_utils.checks import (
     check_multi_head_attention,
     check_sinusoidal_positional_encoding,
     check_split_heads,
+    check_to_rotate_half,
 )
 from course_utils.core.errors import InputError
 from course_utils.blocks.multihead import MultiHeadAttention
@@ -179,8 +180,7 @@ def test_checkers_accept_the_notebook_solutions(seed, capsys):
     check_split_heads(notebook_solution("05_multi_head_attention", "split_heads"), seed=seed)
     check_merge_heads(notebook_solution("05_multi_head_attention", "merge_heads"), seed=seed)
     check_multi_head_attention(notebook_solution("05_multi_head_attention", "multi_head_attention"), seed=seed)
-    check_sinusoidal_positional_encoding(notebook_solution("06_positional_encoding", "sinusoidal_positional_encoding"),
-                                         T=3 + seed, D=2 * (seed + 1))
+    check_to_rotate_half(notebook_solution("06_positional_encoding", "to_rotate_half"), seed=seed)
     check_apply_rotary(notebook_solution("06_positional_encoding", "apply_rotary"), seed=seed)
     assert capsys.readouterr().out.count("all checks passed") == 5
 
@@ -245,6 +245,7 @@ MHA_BUGS = [
     (_mha(bad_split=True), "scrambles tokens across heads"),
     (_mha(bad_merge=True), "without transposing back"),
     (_mha(scale_by_model_width=True), "scaled by sqrt(D) = sqrt(12), the model width"),
+    (_mha(no_scale=True), "not scaled at all"),
     (_mha(no_out_proj=True), "output projection is missing"),
     (_mha_averaged, "averaged over the heads"),
     (_mha_wrong_length, "take their length from their own shape"),
@@ -392,6 +393,39 @@ def test_rotary_angles_are_float32_whatever_the_dtype():
                               atol=0.05, rtol=0.02)
 
 
+def test_to_rotate_half_is_hugging_faces_permute_and_keeps_the_scores():
+    """Notebook 06, exercise 2: the reordering of transformers' convert_llama_weights_to_hf.permute."""
+    g = torch.Generator().manual_seed(0)
+    H, D, D_in, T = 4, 32, 20, 7
+    Dh = D // H
+    weight, k_weight = torch.randn(D, D_in, generator=g), torch.randn(D, D_in, generator=g)
+    hf_permute = weight.view(H, Dh // 2, 2, D_in).transpose(1, 2).reshape(D, D_in)
+    torch.testing.assert_close(positional.to_rotate_half(weight, H), hf_permute, atol=0, rtol=0)
+    bias = torch.randn(D, generator=g)
+    torch.testing.assert_close(positional.to_rotate_half(bias, H), bias.view(H, Dh // 2, 2).transpose(1, 2).reshape(D))
+    x = torch.randn(2, T, D_in, generator=g)
+    heads = lambda y: multihead.split_heads(y, H)  # noqa: E731
+    before = positional.apply_rotary(heads(x @ weight.T)) @ positional.apply_rotary(heads(x @ k_weight.T)).mT
+    after = (positional.apply_rotary_half(heads(x @ positional.to_rotate_half(weight, H).T))
+             @ positional.apply_rotary_half(heads(x @ positional.to_rotate_half(k_weight, H).T)).mT)
+    torch.testing.assert_close(after, before, atol=1e-4, rtol=1e-4)
+
+
+def test_check_to_rotate_half_names_the_bug():
+    def across(weight, num_heads):
+        D = weight.shape[0]
+        return weight[torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])]
+
+    def inverse(weight, num_heads):
+        Dh = weight.shape[0] // num_heads
+        return weight.reshape(num_heads, 2, Dh // 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+
+    for buggy, fragment in [(across, "across the whole width"), (inverse, "the other way"),
+                            (lambda weight, num_heads: weight.clone(), "nothing was reordered")]:
+        with pytest.raises(CheckError, match=fragment):
+            check_to_rotate_half(buggy)
+
+
 # --- the training experiments of notebooks 05 and 06 (short runs) ----------------
 
 
@@ -446,6 +480,33 @@ def test_order_models_and_reversal_task():
     assert counts["learned"] == counts["sinusoidal"] + config.T * config.D
     with pytest.raises(InputError, match="positions must be one of"):
         order.OrderModel(config, "absolute")
+
+
+def test_rotary_self_attention_is_notebook_05s_layer_with_rotary_projections():
+    """Notebook 06 shows RotarySelfAttention; with the same weights it is MultiHeadAttention(rotary=True)."""
+    torch.manual_seed(0)
+    ours = order.RotarySelfAttention(16, 4)
+    torch.manual_seed(0)
+    theirs = MultiHeadAttention(16, 4, rotary=True)  # creates q, k, v, out in the same order
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, return_weights=True), theirs(x, return_weights=True), atol=0, rtol=0)
+
+
+def test_two_block_order_model_and_the_model_class_argument():
+    config = order.ReversalConfig(steps=3, test_size=20, num_layers=2)
+    built = []
+
+    def model_class(cfg, positions):
+        built.append(positions)
+        return order.OrderModel(cfg, positions)
+
+    run = order.train_order_model(config, positions="rotary", seed=0, model_class=model_class)
+    assert built == ["rotary"] and len(run.model.blocks) == 2
+    assert all(isinstance(block.attention, order.RotarySelfAttention) for block in run.model.blocks)
+    one = order.OrderModel(dataclasses.replace(config, num_layers=1), "rotary")
+    per_block = sum(p.numel() for p in one.blocks[0].parameters())
+    assert run.parameters == sum(p.numel() for p in one.parameters()) + per_block
 
 
 def test_order_model_without_positions_is_equivariant():

@@ -76,3 +76,16 @@ def test_the_leading_order_theory_of_the_mean_largest_weight(S, Dk):
         k = torch.randn(S, Dk, generator=g, dtype=torch.float64)
         left += (1 - torch.softmax(q @ k.T, dim=-1).amax(dim=-1).mean().item()) / 32
     assert left == pytest.approx(math.log(2) * scaling.top_two_gap_density(S) / math.sqrt(Dk), rel=0.1)
+
+
+def test_start_scale_gives_the_start_of_the_other_scale_and_keeps_the_factor():
+    config = scaling.RecallConfig(Dk=64, steps=2, test_size=200)
+    scaled = scaling.train_recall(config, scaled=True, seed=0)
+    matched = scaling.train_recall(config, scaled=False, seed=0, start_scale=1 / math.sqrt(64))
+    unscaled = scaling.train_recall(config, scaled=False, seed=0)
+    assert matched.initial.score_std == pytest.approx(scaled.initial.score_std, rel=1e-5)
+    assert matched.initial.max_weight == pytest.approx(scaled.initial.max_weight, rel=1e-5)
+    assert matched.initial.max_weight < unscaled.initial.max_weight
+    assert matched.initial.query_norm == pytest.approx(scaled.initial.query_norm / 8, rel=1e-5)  # q starts 8x shorter
+    assert matched.losses[0] == pytest.approx(scaled.losses[0], rel=1e-5)  # the same first step ...
+    assert matched.losses[1] != pytest.approx(scaled.losses[1], rel=1e-6)  # ... then the factor differs

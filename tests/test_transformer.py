@@ -286,7 +286,7 @@ def test_teacher_forced_loss_scores_tgt_out_from_tgt_in():
 def test_train_reversal_stack_is_deterministic_and_reports_every_step():
     import dataclasses
 
-    tiny = dataclasses.replace(deep_stacks.WarmupConfig(), depth=2, steps=6, warmup_steps=3, n_test=32)
+    tiny = dataclasses.replace(deep_stacks.WarmupConfig(), num_layers=2, steps=6, warmup_steps=3, n_test=32)
     first = deep_stacks.train_reversal_stack(False, tiny, seed=1)
     again = deep_stacks.train_reversal_stack(False, tiny, seed=1)
     assert first == again and len(first.losses) == 6 and 0.0 <= first.accuracy <= 1.0
@@ -296,7 +296,9 @@ def test_train_reversal_stack_is_deterministic_and_reports_every_step():
     measured = deep_stacks.train_reversal_stack(False, tiny, seed=1, eval_at=(4, 99))
     shorter = deep_stacks.train_reversal_stack(False, dataclasses.replace(tiny, steps=4), seed=1)
     assert measured.losses == first.losses and measured.accuracy == first.accuracy
-    assert list(measured.accuracy_at) == [4] and measured.accuracy_at[4] == shorter.accuracy
+    assert list(measured.accuracy_at) == [4, 6] and measured.accuracy_at[4] == shorter.accuracy
+    radam = deep_stacks.train_reversal_stack(False, dataclasses.replace(tiny, optimizer="radam"), seed=1)
+    assert radam.losses[0] == first.losses[0] and radam.losses != first.losses  # same start, another optimizer
 
 
 @pytest.mark.parametrize(("norm_first", "activation"), SETTINGS)
@@ -332,8 +334,8 @@ def test_decoder_layer_forward_names_an_unknown_activation():
                                           False, "tanh")
 
 
-def test_the_numbers_of_07s_model_answer_on_the_pre_ln_stream():
-    """07's written question is graded by hand; its model answer quotes the size of a pre-LN residual stream.
+def test_the_numbers_of_08s_model_answer_on_the_pre_ln_stream():
+    """08's written question is graded by hand; its model answer quotes the size of a pre-LN residual stream.
 
     Measured as the rubric says: the blocks and input of ``deep_stacks.gradient_norms_by_layer`` (seeds 0 to 2),
     the root mean square over tokens of each token's standard deviation over its D features.
@@ -353,3 +355,57 @@ def test_the_numbers_of_07s_model_answer_on_the_pre_ln_stream():
     assert all(1.19 <= round(s, 2) <= 1.24 for s in shallow), shallow  # "about 1.2 at N = 6"; rubric: 1.19 to 1.24
     assert all(2.45 <= round(s, 2) <= 2.80 for s in deep), deep  # "2.6 at N = 48"; rubric: 2.45 to 2.80
     assert 2.0 < (sum(deep) / 3) / (sum(shallow) / 3) < 2.4  # "about 2.2 times less at N = 48 than at N = 6"
+
+
+# --- notebook 08: the gradient of each block, the warm-up task -------------------------------------------------
+
+
+def _per_block(grads, num_layers, reduce="norm", block_of=None, keep=lambda name, g: True, reverse=False):
+    """A learner's answer with one of the known mistakes switched on."""
+    block_of = block_of or (lambda name, k: int(name.split(".")[0]) == k)
+    out = []
+    for k in range(num_layers):
+        chosen = [g for name, g in grads.items() if g is not None and block_of(name, k) and keep(name, g)]
+        if reduce == "sum of norms":
+            out.append(sum(float(g.norm()) for g in chosen))
+        else:
+            squares = sum(float((g ** 2).sum()) for g in chosen)
+            out.append(squares if reduce == "squared" else squares ** 0.5)
+    return out[::-1] if reverse else out
+
+
+GRADIENT_BUGS = [
+    (dict(block_of=lambda name, k: name.startswith(str(k))), "starts with '1' as well as '10'"),
+    (dict(reduce="sum of norms"), "norms of a block's parameters were added up"),
+    (dict(reduce="squared"), "square root is missing"),
+    (dict(reverse=True), "reverse order"),
+    (dict(keep=lambda name, g: g.dim() >= 2), "only the weight matrices"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "fragment"), GRADIENT_BUGS)
+def test_check_gradient_norm_per_block_names_the_bug(kwargs, fragment):
+    from course_utils.checks import check_gradient_norm_per_block
+
+    with pytest.raises(CheckError, match=fragment):
+        check_gradient_norm_per_block(lambda grads, num_layers: _per_block(grads, num_layers, **kwargs))
+
+
+def test_check_gradient_norm_per_block_accepts_right_answers(capsys):
+    from course_utils.checks import check_gradient_norm_per_block
+
+    check_gradient_norm_per_block(lambda grads, num_layers: _per_block(grads, num_layers))
+    check_gradient_norm_per_block(notebook_solution("08_training_deep_stacks", "gradient_norm_per_block"), seed=3, N=2)
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+def test_the_warmup_task_draws_distinct_tokens_and_the_order_free_reference_is_one_in_t_minus_1():
+    from course_utils.experiments.order import ReversalConfig, make_reversal_batch
+
+    config = deep_stacks.WarmupConfig()
+    x, y = deep_stacks.reversal_batch(config, 256, torch.Generator().manual_seed(0))
+    x06, _ = make_reversal_batch(ReversalConfig(T=config.T, V=config.V), 256, torch.Generator().manual_seed(0))
+    assert torch.equal(x, x06)  # drawn exactly as notebook 06 draws
+    assert all(len(set(row)) == config.T for row in x.tolist()) and torch.equal(y, x.flip(1))
+    # an order-free answer: the target at position i is one of the other T - 1 tokens, never x_i itself
+    assert not (x == y).any()

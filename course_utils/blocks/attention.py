@@ -132,7 +132,12 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     Dk = q.shape[-1]
     scale = 1.0 / math.sqrt(Dk) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, Dk) @ (..., Dk, S) -> (..., T, S)
-    weights = masked_softmax(scores, mask)  # (..., T, S), each row sums to 1 over the keys
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))  # a masked key: exp(-inf) = 0
+    weights = torch.softmax(scores, dim=-1)  # (..., T, S); a row of only -inf gives 0/0 = NaN
+    if mask is not None:
+        no_key = ~mask.any(dim=-1, keepdim=True)  # (..., T or 1, 1): True for a query with no allowed key
+        weights = weights.masked_fill(no_key, 0.0)  # zero weights instead of NaN
     out = weights @ v  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)
     return out, weights
 

@@ -1,4 +1,4 @@
-"""A small decoder-only language model (GPT) with a KV cache and grouped-query attention (notebook 09).
+"""A small decoder-only language model (GPT) with a KV cache and grouped-query attention (notebooks 10 and 11).
 
 The parts are the course's own: notebook 07's ``LayerNorm``, ``FeedForward``
 and ``residual`` (pre-LN), notebook 05's ``split_heads``/``merge_heads`` and
@@ -44,7 +44,7 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention in which H query heads share G groups of keys and values (notebook 09).
+    """Attention in which H query heads share G groups of keys and values (notebook 11).
 
     Query head h reads group h // (H / G): heads 0 .. H/G - 1 the first group,
     and so on (the order of ``F.scaled_dot_product_attention(..., enable_gqa=True)``).
@@ -68,7 +68,7 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def attend_with_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       cache: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
-    """One decoding step with a KV cache: append the new keys and values, attend causally (notebook 09, exercise 3).
+    """One decoding step with a KV cache: append the new keys and values, attend causally (notebook 11, exercise).
 
     The T new positions come after the P cached ones, so new query i sits at
     position P + i and may attend to keys 0 .. P + i.
@@ -91,7 +91,7 @@ def attend_with_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 class GroupedQueryAttention(nn.Module):
-    """Causal self-attention with H query heads and G key/value groups, and a KV cache (notebook 09).
+    """Causal self-attention with H query heads and G key/value groups, and a KV cache (notebook 11).
 
     G = H is multi-head attention with the parameters of notebook 05's
     ``MultiHeadAttention`` (same names, same shapes); G = 1 is multi-query
@@ -131,7 +131,7 @@ class GroupedQueryAttention(nn.Module):
 
 
 class GPTBlock(nn.Module):
-    """A causal pre-LN block: x + Attn(LN(x)), then x + FFN(LN(x)) (notebook 09).
+    """A causal pre-LN block: x + Attn(LN(x)), then x + FFN(LN(x)) (notebook 10).
 
     With G = H it is notebook 07's ``TransformerEncoderBlock(norm_first=True)``
     under a causal mask, with the same parameter names. Dropout acts on each
@@ -175,7 +175,7 @@ class GPTConfig:
 
 
 class GPT(nn.Module):
-    """A decoder-only language model, GPT-2's layout (Radford et al. 2019) at a small size (notebook 09).
+    """A decoder-only language model, GPT-2's layout (Radford et al. 2019) at a small size (notebook 10).
 
     Token embedding plus a learned position embedding, dropout, ``num_layers``
     causal pre-LN blocks, a final LayerNorm, and an output layer that reuses the
@@ -232,7 +232,7 @@ class GPT(nn.Module):
 
 
 def next_token_loss(model: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of predicting each token from the ones before it (notebook 09, exercise 1).
+    """Mean cross-entropy of predicting each token from the ones before it (notebook 10, exercise 1).
 
     The model reads tokens 0 .. T - 1 of each window and its logits at
     position i are scored against token i + 1: the targets are the inputs
@@ -251,7 +251,7 @@ def next_token_loss(model: Callable[[torch.Tensor], torch.Tensor], tokens: torch
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
-    """Keep the top-k tokens and/or the nucleus of probability top_p; set the others to -inf (notebook 09, exercise 2).
+    """Keep the top-k tokens and/or the nucleus of probability top_p; set the others to -inf (notebook 10, exercise 2).
 
     Top-k keeps the k largest logits. Top-p (Holtzman et al. 2020,
     arXiv:1904.09751) keeps the smallest set of most likely tokens whose
@@ -284,7 +284,7 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
 def generate(model: GPT, prompt: torch.Tensor, num_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, generator: torch.Generator | None = None,
              use_cache: bool = True) -> torch.Tensor:
-    """Sample ``num_tokens`` tokens after ``prompt`` (notebook 09).
+    """Sample ``num_tokens`` tokens after ``prompt`` (notebook 10).
 
     Each step divides the last position's logits by the temperature, filters
     them with ``filter_logits`` and draws from the softmax; ``temperature=0``
@@ -328,5 +328,5 @@ def generate(model: GPT, prompt: torch.Tensor, num_tokens: int, temperature: flo
 
 
 def kv_cache_bytes_per_token(num_layers: int, num_groups: int, head_dim: int, bytes_per_value: int = 4) -> int:
-    """Memory the KV cache holds for one token: a key and a value of G * Dh numbers in every layer (notebook 09)."""
+    """Memory the KV cache holds for one token: a key and a value of G * Dh numbers in every layer (notebook 11)."""
     return 2 * num_layers * num_groups * head_dim * bytes_per_value

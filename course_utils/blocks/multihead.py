@@ -17,12 +17,13 @@ Masks are boolean, True = may attend, as everywhere in the course.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 
-from course_utils.blocks.attention import scaled_dot_product_attention
+from course_utils.blocks.attention import masked_softmax, validate_attention_inputs
 from course_utils.core.errors import InputError
 from course_utils.blocks.positional import apply_rotary
 
@@ -77,8 +78,11 @@ def multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     q = split_heads(q_proj(query), num_heads)  # (B, T, D) -> (B, H, T, Dh)
     k = split_heads(k_proj(key), num_heads)  # (B, S, D) -> (B, H, S, Dh)
     v = split_heads(v_proj(value), num_heads)  # (B, S, D) -> (B, H, S, Dh)
-    context, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T, Dh), (B, H, T, S); scale 1/sqrt(Dh)
-    out = out_proj(merge_heads(context))  # (B, H, T, Dh) -> (B, T, D) -> (B, T, D)
+    validate_attention_inputs(q, k, v, mask)  # clear messages for wrong shapes, dtypes, NaN (notebook 03, given)
+    scale = 1 / math.sqrt(q.shape[-1])  # Dk = Dh: each score sums Dh products, one head's width (notebook 04)
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, T, Dh) @ (B, H, Dh, S) -> (B, H, T, S)
+    weights = masked_softmax(scores, mask)  # (B, H, T, S); mask broadcasts, True = may attend
+    out = out_proj(merge_heads(weights @ v))  # (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh) -> (B, T, D) -> (B, T, D)
     return out, weights
 
 

@@ -9,7 +9,9 @@ Self-attention without positions is permutation-equivariant: it cannot tell
 
 Notation (notebook 06): p is a position and m a feature-pair index, both from 0;
 pair m of a vector of width D is the features (2m, 2m + 1) and turns with the
-angular frequency theta_m = 10000^(-2m/D).
+angular frequency theta_m = 10000^(-2m/D). Code that pairs feature m with
+m + D/2 instead ("rotate half", GPT-NeoX and Hugging Face's LLaMA) is
+``apply_rotary_half``; ``to_rotate_half`` converts a checkpoint to it.
 """
 
 from __future__ import annotations
@@ -118,3 +120,42 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torc
     out[..., 0::2] = even * cos - odd * sin  # rotate each pair (even, odd) by its angle
     out[..., 1::2] = even * sin + odd * cos
     return out
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) on the two halves of the last axis, as Hugging Face's LLaMA code writes it (notebook 06)."""
+    first, second = x.chunk(2, dim=-1)  # (..., T, Dk/2) each: the two members of every pair
+    return torch.cat([-second, first], dim=-1)  # (..., T, Dk)
+
+
+def apply_rotary_half(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """RoPE with the pairs (m, m + Dk/2), written as Hugging Face's LLaMA writes it (every feature rotated)."""
+    T, Dk = x.shape[-2:]
+    positions = torch.arange(T) if positions is None else positions
+    freqs = torch.outer(positions.float(), frequencies(Dk))  # (T, Dk/2): the angles p θ_m, float32
+    emb = torch.cat([freqs, freqs], dim=-1)  # (T, Dk): features m and m + Dk/2 share the angle p θ_m
+    return x * emb.cos().to(x.dtype) + rotate_half(x) * emb.sin().to(x.dtype)
+
+
+def to_rotate_half(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Reorder a query or key projection from the paper's RoPE pairs to rotate-half (notebook 06, exercise 2).
+
+    Within each head, output feature n of the result is feature ``perm[n]`` of
+    the input, with ``perm = [0, 2, 4, ..., 1, 3, 5, ...]``: the two members of
+    pair m, stored at 2m and 2m + 1, move to m and m + Dh/2. Attention that
+    rotates with ``apply_rotary_half`` then computes the scores that
+    ``apply_rotary`` computed with the original weights. It is the reordering
+    that Hugging Face's script for Meta's LLaMA checkpoints calls "permute".
+
+    Args:
+        weight: (D, D_in) weight of an ``nn.Linear`` (one row per output feature)
+            or its (D,) bias; the D outputs are H heads of Dh = D / H features.
+        num_heads: H.
+
+    Returns:
+        A tensor of the same shape and dtype, its rows reordered within each head.
+    """
+    Dh = weight.shape[0] // num_heads
+    perm = torch.cat([torch.arange(0, Dh, 2), torch.arange(1, Dh, 2)])  # (Dh,): slot n takes feature perm[n]
+    rows = (torch.arange(num_heads)[:, None] * Dh + perm[None, :]).reshape(-1)  # (H, 1) + (1, Dh) -> (D,)
+    return weight[rows]  # the same reordering inside every head

@@ -73,6 +73,7 @@ from course_utils.checks.orientation import (
 )
 from course_utils.checks.positional import (
     check_sinusoidal_positional_encoding,
+    check_to_rotate_half,
     check_apply_rotary,
 )
 from course_utils.checks.scaling import (
@@ -88,6 +89,7 @@ from course_utils.checks.self_attention import (
     explain_worked_example,
     WORKED_EXAMPLE_WRONG,
 )
+from course_utils.checks.deep_stacks import check_gradient_norm_per_block
 from course_utils.checks.transformer import (
     check_decoder_layer_forward,
     check_is_pre_ln,
@@ -118,12 +120,14 @@ __all__ = [
     "check_final_states",
     "check_sequence_exact_match",
     "check_sinusoidal_positional_encoding",
+    "check_to_rotate_half",
     "check_masked_softmax",
     "check_merge_heads",
     "check_multi_head_attention",
     "check_next_token_loss",
     "check_online_softmax_update",
     "check_decoder_layer_forward",
+    "check_gradient_norm_per_block",
     "check_is_pre_ln",
     "check_layer_norm",
     "check_luong_step",

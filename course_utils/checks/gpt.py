@@ -1,4 +1,4 @@
-"""Checkers for notebook 09: the shifted next-token loss, top-k/top-p filtering, one KV-cache step."""
+"""Checkers for notebooks 10 and 11: the shifted next-token loss, top-k/top-p filtering (10), one KV-cache step (11)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _classes_on_dimension_1(fn: Callable[..., Any], seed: int) -> bool:
 
 @exercise_check
 def check_next_token_loss(fn: Callable[..., Any], seed: int = 0, B: int = 3, T: int = 5, V: int = 7) -> None:
-    """Check a learner's ``next_token_loss(model, tokens)`` (notebook 09, exercise 1).
+    """Check a learner's ``next_token_loss(model, tokens)`` (notebook 10, exercise 1).
 
     Runs it on a small causal model and windows of T + 1 random tokens;
     compares the loss and its gradient with respect to every parameter. At the
@@ -131,7 +131,7 @@ def _nucleus_size(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 @exercise_check
 def check_filter_logits(fn: Callable[..., Any], seed: int = 0, B: int = 4, V: int = 10) -> None:
-    """Check a learner's ``filter_logits(logits, top_k=None, top_p=None)`` (notebook 09, exercise 2).
+    """Check a learner's ``filter_logits(logits, top_k=None, top_p=None)`` (notebook 10, exercise 2).
 
     Tries neither (the logits unchanged), top-k alone (k = 1, a middle k, k = V),
     top-p alone (p close to 0, middle values, p = 1), both together, a single
@@ -214,7 +214,7 @@ def _check_filter_case(fn: Callable[..., Any], logits: torch.Tensor, top_k: int 
 @exercise_check
 def check_attend_with_cache(fn: Callable[..., Any], seed: int = 0, B: int = 2, H: int = 4, G: int = 2,
                             Dh: int = 8) -> None:
-    """Check a learner's ``attend_with_cache(q, k, v, cache)`` (notebook 09, exercise 3).
+    """Check a learner's ``attend_with_cache(q, k, v, cache)`` (notebook 11, exercise).
 
     Tries no cache with several new positions (the causal mask), one new
     position after a cache, several new positions after a cache (the mask's

@@ -122,7 +122,8 @@ def _merge_heads_once(fn: Callable[[torch.Tensor], Any], seed: int, B: int, H: i
 
 def _mha_variant(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, projections: tuple[Any, ...],
                  H: int, mask: torch.Tensor | None, *, bad_split: bool = False, bad_merge: bool = False,
-                 scale_by_model_width: bool = False, no_out_proj: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 scale_by_model_width: bool = False, no_scale: bool = False,
+                 no_out_proj: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Multi-head attention with one chosen mistake (for the checker's suspects)."""
     q_proj, k_proj, v_proj, out_proj = projections
     B, T, D = query.shape
@@ -132,7 +133,8 @@ def _mha_variant(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pr
         return x.reshape(B, H, x.shape[1], Dh) if bad_split else multihead.split_heads(x, H)
 
     q, k, v = split(q_proj(query)), split(k_proj(key)), split(v_proj(value))
-    context, weights = attention.scaled_dot_product_attention(q, k, v, mask, D**-0.5 if scale_by_model_width else None)
+    scale = 1.0 if no_scale else D**-0.5 if scale_by_model_width else None
+    context, weights = attention.scaled_dot_product_attention(q, k, v, mask, scale)
     merged = context.reshape(B, T, D) if (bad_merge or bad_split) else multihead.merge_heads(context)
     return (merged if no_out_proj else out_proj(merged)), weights
 
@@ -161,11 +163,12 @@ def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2
     other mask shapes the text allows ((T, S), (B, 1, T, S), (B, H, T, S)); a
     backward pass. At the sizes asked for, then at B = 1, H = 1 and sizes that
     all differ. ``split_heads``, ``merge_heads`` and ``scaled_dot_product_attention``
-    of the course may be used, as the exercise says.
+    of the course may be used; the exercise asks for the scores and their scale to be written out, with
+    ``masked_softmax``.
 
     Raises:
         CheckError: Naming the likely bug: the wrong split, a merge without
-            the transpose, a scale by sqrt(D) instead of sqrt(Dh), a missing
+            the transpose, a scale by sqrt(D) instead of sqrt(Dh) or no scale, a missing
             output projection, averaged weights, key used as value, a head
             axis added to a mask that has one (recognised by running once
             more with the mask's head axis taken away).
@@ -225,6 +228,8 @@ def _mha_once(fn: Callable[..., Any], seed: int, B: int, T: int, S: int, D: int,
                 f"the scores were scaled by sqrt(D) = sqrt({D}), the model width; each head's queries and keys have "
                 f"Dk = Dh = {Dh} features: divide by sqrt(Dk)": _mha_variant(query, key, value_, projections, H, mask,
                                                                       scale_by_model_width=True),
+                "the scores were not scaled at all: notebook 04's scale belongs in every head too (which width is "
+                "Dk for one head?)": _mha_variant(query, key, value_, projections, H, mask, no_scale=True),
                 "the output projection is missing: apply out_proj to the merged heads": _mha_variant(
                     query, key, value_, projections, H, mask, no_out_proj=True),
                 "the mask was ignored: padded keys get weight": _mha_variant(query, key, value_, projections, H, None),

@@ -149,3 +149,73 @@ def _apply_rotary_once(fn: Callable[[torch.Tensor, torch.Tensor | None], Any], s
                 hint="look at how precisely the angles of positions near 1000 are computed")
     check_gradients(fn, (x, positions), positional.apply_rotary, name="apply_rotary", wrt={0: "x"},
                     what="the rotated rows", seed=seed)
+
+
+@exercise_check
+def check_to_rotate_half(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, H: int = 2, Dh: int = 8,
+                         D_in: int = 12) -> None:
+    """Check a learner's ``to_rotate_half(weight, num_heads)`` (notebook 06, exercise 2).
+
+    On the (D, D_in) weight and the (D,) bias of a query projection with H heads of
+    Dh features (D = H * Dh); then with one head, with one pair per head, and with
+    D_in = D. It then checks what the conversion is for: rotate-half attention with
+    the converted weights computes the scores that the paper's layout computed.
+
+    Raises:
+        CheckError: Naming the likely bug (a reordering across heads instead of
+            within each, the inverse reordering, columns instead of rows, nothing reordered).
+    """
+    __tracebackhide__ = True  # noqa: F841
+    cases = [(f"H = {H}, Dh = {Dh}, D_in = {D_in}", {"H": H, "Dh": Dh, "D_in": D_in}, ""),
+             ("one head, H = 1", {"H": 1, "Dh": Dh, "D_in": D_in},
+              "with one head the reordering covers all the rows: check how the heads are laid out"),
+             ("one pair per head, Dh = 2", {"H": 3, "Dh": 2, "D_in": D_in},
+              "with one pair per head nothing moves: the result must equal the input"),
+             (f"a square weight, D_in = D = {H * Dh}", {"H": H, "Dh": Dh, "D_in": H * Dh},
+              "with D_in = D rows and columns have the same length: reorder the rows, the output features")]
+    with reference_guard(fn, positional.to_rotate_half):
+        sweep(lambda H, Dh, D_in: _to_rotate_half_once(fn, seed, H, Dh, D_in), cases)
+    passed("to_rotate_half")
+
+
+def _to_rotate_half_once(fn: Callable[[torch.Tensor, int], Any], seed: int, H: int, Dh: int, D_in: int) -> None:
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    D = H * Dh
+    weight, bias = torch.randn(D, D_in, generator=g), torch.randn(D, generator=g)
+    perm = torch.cat([torch.arange(0, Dh, 2), torch.arange(1, Dh, 2)])  # (Dh,)
+    within = (torch.arange(H)[:, None] * Dh + perm[None, :]).reshape(-1)  # (D,)
+    inverse = (torch.arange(H)[:, None] * Dh + perm.argsort()[None, :]).reshape(-1)  # (D,)
+    across = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])  # (D,): one reordering of all D rows
+    for label, tensor in (("weight", weight), ("bias", bias)):
+        copy = tensor.clone()
+        got = call(fn, tensor, H, name="to_rotate_half",
+                   expected=f"a tensor shaped like the {label}, {tuple(tensor.shape)}")
+        if not torch.equal(tensor, copy):
+            raise CheckError("to_rotate_half changed its input in place: return a new tensor")
+        suspects = {
+            "nothing was reordered": tensor,
+            "these are the rows reordered the other way, from rotate-half back to the paper's pairs: the row that "
+            "goes to slot n is feature perm[n], not the slot that feature n goes to": tensor[inverse],
+        }
+        if H > 1:
+            suspects["the rows were reordered across the whole width D, as if it were one head: pairs (2m, 2m + 1) "
+                     "live inside each head's Dh features, and each head is reordered on its own"] = tensor[across]
+        if tensor.dim() == 2 and D_in == D:
+            suspects["the columns were reordered: the rows of an nn.Linear weight are its output features, the "
+                     "queries or keys that get rotated"] = tensor[:, within]
+        check_close(got, tensor[within], name=f"the converted {label} (H = {H}, Dh = {Dh})", suspects=suspects,
+                    hint="within each head, the rotate-half slot n holds the paper's feature perm[n], with "
+                         "perm = [0, 2, 4, ..., 1, 3, 5, ...]")
+    # what it is for: the same scores from the rotate-half code
+    x = torch.randn(1, 5, D_in, generator=g)  # (B, T, D_in)
+
+    def heads(y: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, H, T, Dh)
+        return y.view(1, 5, H, Dh).transpose(1, 2)
+
+    k_weight = torch.randn(D, D_in, generator=g)
+    interleaved = positional.apply_rotary(heads(x @ weight.T)) @ positional.apply_rotary(heads(x @ k_weight.T)).mT
+    q_new, k_new = call(fn, weight, H, name="to_rotate_half"), call(fn, k_weight, H, name="to_rotate_half")
+    converted = positional.apply_rotary_half(heads(x @ q_new.T)) @ positional.apply_rotary_half(heads(x @ k_new.T)).mT
+    check_close(converted, interleaved, name="the scores of rotate-half attention with the converted weights",
+                hint="convert the query and the key projection in the same way")

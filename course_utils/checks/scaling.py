@@ -105,7 +105,7 @@ def _entropy_once(fn: Callable[[torch.Tensor], Any], seed: int, lead: tuple[int,
 @exercise_check
 def check_scaled_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0, B: int = 2, H: int = 4,
                         T: int = 3, S: int = 5, Dh: int = 6) -> None:
-    """Check a learner's ``scaled_scores(q, k) -> (B, H, T, S)`` (notebook 04, exercise 2).
+    """Check a learner's ``scaled_scores(q, k) -> (B, H, T, S)`` (notebook 04, exercise 3).
 
     Forward: the values, with the usual wrong scales recognised. Backward: the
     gradients with respect to q and k must exist, be finite and be right. At the
@@ -230,7 +230,7 @@ def check_attention_scale(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor
     passed("attention scale")
 
 
-# --- exercise 3: a measurement, graded against the reference measurement on the same draws -------------------
+# --- exercise 2: a measurement, graded against the reference measurement on the same draws -------------------
 
 _WIDTHS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
@@ -263,7 +263,7 @@ _WIDTH_MISTAKES = {
 
 @exercise_check
 def check_saturation_width(fn: Callable[..., Any], seed: int = 0, S: int = 16, T: int = 48) -> None:
-    """Check a learner's ``saturation_width(Dks, S, T, generator, threshold)`` (notebook 04, exercise 3).
+    """Check a learner's ``saturation_width(Dks, S, T, generator, threshold)`` (notebook 04, exercise 2).
 
     A measurement: the width it returns is compared with the reference
     measurement on a generator in the same state (the draws the exercise

@@ -140,13 +140,13 @@ def _sdpa_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T: int,
         if (label.startswith("with a query") and isinstance(weights, torch.Tensor)
                 and tuple(weights.shape) == weights_shape and torch.isnan(weights[(0,) * len(lead) + (blank,)]).any()):
             raise CheckError(
-                f"{label}: that query's weights are NaN (a softmax over only -inf is 0/0). Give a query with no "
-                "allowed key zero weights: e.g. the masked_softmax of notebook 00"
+                f"{label}: that query's weights are NaN (a softmax over only -inf is 0/0). Find the queries whose "
+                "mask row has no True (no allowed key) and give them zero weights after the softmax"
             )
         if scale == 0.0:
             suspects = {"with scale=0.0 they are the weights of scale=None: a test such as `scale or ...` treats 0.0 "
                         "as missing, because 0.0 is false in Python. Compare with `is None`. With scale=0.0 every "
-                        "score is 0, so each query's weights are uniform over its allowed keys":
+                        "scaled score is 0, so each query's weights are uniform over its allowed keys":
                         attention.scaled_dot_product_attention(q, k, v, case_mask)}
         elif scale is not None:
             suspects = {"the `scale` argument was ignored: use it when it is given, 1/sqrt(Dk) only when it is None":
@@ -195,9 +195,11 @@ def _sdpa_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T: int,
 WORKED_EXAMPLE_STATEMENTS: dict[int, str] = {
     1: "W_Q has shape 3 × 4: one row for each of the 3 query features.",
     2: "q_0 = x_0 W_Q is a vector of 3 numbers.",
-    3: "The score of key j for query i is e_ij = q_i · k_j.",
-    4: "The weight of key j for query i is w_ij = 1 / (1 + exp(-e_ij)), so every weight lies between 0 and 1.",
-    5: "The scores are divided by √4 = 2, because each token has D = 4 features.",
+    3: "There is one score e_ij for each pair of a query i and a key j, so the scores form a 3 × 3 matrix.",
+    4: "The weight of key j for query i is w_ij = 1 / (1 + exp(-s)), with s its scaled score, so every weight lies "
+       "between 0 and 1.",
+    5: "The scores e_ij = q_i · k_j are divided by √4 = 2 before the softmax, because each token has D = 4 "
+       "features.",
     6: "The output for token i is z_i = Σ_j w_ij v_i.",
     7: "Each row of the 3 × 3 weight matrix sums to 1.",
     8: "Without a mask, the output z_0 depends on all three tokens.",
@@ -205,10 +207,10 @@ WORKED_EXAMPLE_STATEMENTS: dict[int, str] = {
 _STATEMENT_FEEDBACK: dict[int, str] = {
     1: "x_0 has 4 entries and q_0 has 3, so x_0 W_Q needs W_Q of shape 4 × 3 (D × Dk)",
     2: "a (4,) row times a 4 × 3 matrix is a (3,) vector",
-    3: "one score per (query i, key j) pair",
+    3: "one score per (query i, key j) pair: T × S = 3 × 3",
     4: "a sigmoid treats each score alone; the weights of one query must be a softmax over all its keys, "
        "so that they sum to 1",
-    5: "the scale is √Dk, the width of a key (3 here), not the number of features of a token",
+    5: "the divisor is √Dk, the width of a key (3 here), not the number of features of a token",
     6: "z_i mixes the values of all tokens j: Σ_j w_ij v_j",
     7: "the softmax runs over the keys of each query, so each row sums to 1",
     8: "every weight of a softmax is positive, so every value contributes",
@@ -220,12 +222,13 @@ WORKED_EXAMPLE_WRONG = frozenset({1, 4, 5, 6})
 def check_spot_the_error(answer: Any) -> None:
     """Check the set of wrong statement numbers of notebook 03's "spot the error" exercise.
 
-    A wrong answer is told only how many of its numbers are wrong statements and
-    how many are right ones, and how many wrong statements it misses: never which,
-    nor a topic that would narrow them down, so one try does not give the key away.
+    The set is judged as a whole. A wrong set is told only how its size compares
+    with the number of wrong statements (which the exercise states), never how
+    many or which of its numbers are right: so no sequence of tries, one-element
+    sets included, learns more than "exactly right or not" about any statement.
 
     Raises:
-        CheckError: Giving the counts.
+        CheckError: Saying that the set is not yet right, and how its size compares.
     """
     __tracebackhide__ = True  # noqa: F841
     if answer is None:
@@ -242,16 +245,20 @@ def check_spot_the_error(answer: Any) -> None:
             raise CheckError(f"{item!r} is not a statement number: use the integers 1 to "
                              f"{len(WORKED_EXAMPLE_STATEMENTS)}")
         numbers.add(item)
-    flagged_right = len(numbers - WORKED_EXAMPLE_WRONG)  # statements flagged as wrong that are right
-    found = len(numbers) - flagged_right  # wrong statements flagged, as they should be
-    missing = len(WORKED_EXAMPLE_WRONG - numbers)  # wrong statements not flagged
-    if flagged_right or missing:
-        size = f"{len(numbers)} number{'' if len(numbers) == 1 else 's'}"
-        content = (f"your set of {size} has {found} of the wrong statements and {flagged_right} of the right ones "
-                   "(only wrong statements belong in it)")
-        raise CheckError(f"{flagged_right + missing} of the {len(WORKED_EXAMPLE_STATEMENTS)} statements misjudged: "
-                         f"{content}, and misses {missing} wrong statement{'' if missing == 1 else 's'}. Read each "
-                         "statement again against section 7's worked example")
+    if numbers != WORKED_EXAMPLE_WRONG:
+        n, wrong = len(numbers), len(WORKED_EXAMPLE_WRONG)
+        if n < wrong:
+            size = (f"your set has {n} number{'' if n == 1 else 's'} and {wrong} statements are wrong, so at least "
+                    f"{wrong - n} wrong statement{'' if wrong - n == 1 else 's'} {'is' if wrong - n == 1 else 'are'} "
+                    "still missing from it")
+        elif n > wrong:
+            size = (f"your set has {n} numbers and only {wrong} statements are wrong, so at least {n - wrong} of "
+                    f"your numbers {'is a right statement' if n - wrong == 1 else 'are right statements'}")
+        else:
+            size = (f"your set has the right size, {wrong}, but at least one of its numbers is a right statement "
+                    "and one wrong statement is missing")
+        raise CheckError(f"not yet the set of wrong statements: {size}. The check judges the set as a whole and never "
+                         "says which numbers are off. Test each statement against section 7's worked example again")
     passed("spot the error")
 
 

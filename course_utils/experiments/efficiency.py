@@ -7,7 +7,8 @@
   online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022)
   computes the same output one block of keys at a time, never storing it.
   With a causal mask, ``causal_tiled_attention`` skips the tiles above the
-  diagonal (FlashAttention-2, Dao 2023).
+  diagonal (block-sparse FlashAttention, Dao et al. 2022, section 3.3) and
+  masks only the diagonal tiles (FlashAttention-2, Dao 2023).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def time_call(fn: Callable[[], Any], repeats: int = 5, min_seconds: float = 0.02
 
 
 class SelfAttentionLayer(nn.Module):
-    """One head of self-attention with q/k/v projections of width d (notebook 08).
+    """One head of self-attention of width d with its four projections, W^Q, W^K, W^V and W^O (notebook 08).
 
     Args:
         d: Width.
@@ -65,14 +66,17 @@ class SelfAttentionLayer(nn.Module):
     def __init__(self, d: int, fused: bool = False) -> None:
         super().__init__()
         self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.out_proj = nn.Linear(d, d)
         self.fused = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, n, d) -> (B, n, d): O(n d^2) for the projections, O(n^2 d) for the attention."""
+        """(B, n, d) -> (B, n, d): 4 n d^2 multiply-adds for the projections, 2 n^2 d for the attention."""
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, n, d) each
         if self.fused:
-            return nn.functional.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]  # (B, n, d)
-        return scaled_dot_product_attention(q, k, v)[0]  # (B, n, d)
+            context = nn.functional.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]  # (B, n, d)
+        else:
+            context = scaled_dot_product_attention(q, k, v)[0]  # (B, n, d)
+        return self.out_proj(context)  # (B, n, d)
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ class LayerTimes:
     recurrent: list[float]  # seconds, recurrent layer (nn.RNN, tanh)
 
 
-def time_layers(ns: list[int], d: int, batch_size: int = 1, repeats: int = 5, seed: int = 0) -> LayerTimes:
+def time_layers(ns: list[int], d: int, batch_size: int = 1, repeats: int = 5, seed: int = 0,
+                with_fused: bool = True) -> LayerTimes:
     """Time a self-attention layer (reference and fused) and a recurrent layer of width d, for each length n.
 
     Args:
@@ -98,6 +103,7 @@ def time_layers(ns: list[int], d: int, batch_size: int = 1, repeats: int = 5, se
             measurements over the whole sweep, so a slow spell of the machine (another
             program, a frequency change) cannot spoil every measurement of one point.
         seed: Seed for the weights and inputs.
+        with_fused: Also time the layer with PyTorch's fused attention (else ``fused`` is empty).
 
     Returns:
         A ``LayerTimes``.
@@ -107,6 +113,8 @@ def time_layers(ns: list[int], d: int, batch_size: int = 1, repeats: int = 5, se
     fused = SelfAttentionLayer(d, fused=True).eval()
     fused.load_state_dict(attention.state_dict())
     layers = {"attention": attention, "fused": fused, "recurrent": recurrent}
+    if not with_fused:
+        del layers["fused"]
     inputs = [torch.randn(batch_size, n, d) for n in ns]
     best = {name: [math.inf] * len(ns) for name in layers}
     with torch.no_grad():
@@ -117,8 +125,45 @@ def time_layers(ns: list[int], d: int, batch_size: int = 1, repeats: int = 5, se
             for i, x in enumerate(inputs):
                 for name, layer in layers.items():
                     best[name][i] = min(best[name][i], time_call(lambda: layer(x), repeats=1, warmup=False))
-    t_att, t_fused, t_rnn = best["attention"], best["fused"], best["recurrent"]
+    t_att, t_fused, t_rnn = best["attention"], best.get("fused", []), best["recurrent"]
     return LayerTimes(ns=list(ns), d=d, attention=t_att, fused=t_fused, recurrent=t_rnn)
+
+
+def page_faults(fn: Callable[[], Any]) -> int:
+    """Minor page faults of one call of ``fn()``, after a first call that loads the kernels (notebook 08).
+
+    A page fault is the first touch of a fresh page of memory: the operating
+    system must find the page and fill it with zeros before the program may use
+    it. Large tensors are returned to the system when freed (glibc's ``malloc``
+    maps them afresh), so a call that allocates a 64 MiB tensor faults in all
+    of its 16,384 pages of 4 KiB again on every call. Counted with
+    ``resource.getrusage`` (Linux, macOS) or ``GetProcessMemoryInfo`` (Windows).
+    """
+    fn()
+    before = _fault_count()
+    fn()
+    return _fault_count() - before
+
+
+def _fault_count() -> int:
+    if sys.platform == "win32":
+        import ctypes
+        from ctypes import wintypes
+
+        class Counters(ctypes.Structure):  # the start of PROCESS_MEMORY_COUNTERS (psapi.h)
+            _fields_ = [("cb", wintypes.DWORD), ("PageFaultCount", wintypes.DWORD)] + [
+                (name, ctypes.c_size_t) for name in ("PeakWorkingSetSize", "WorkingSetSize", "QuotaPeakPagedPoolUsage",
+                                                     "QuotaPagedPoolUsage", "QuotaPeakNonPagedPoolUsage",
+                                                     "QuotaNonPagedPoolUsage", "PagefileUsage", "PeakPagefileUsage")]
+
+        counters = Counters()
+        counters.cb = ctypes.sizeof(counters)
+        ctypes.windll.psapi.GetProcessMemoryInfo(ctypes.windll.kernel32.GetCurrentProcess(), ctypes.byref(counters),
+                                                 counters.cb)
+        return int(counters.PageFaultCount)
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
 def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor,
@@ -152,11 +197,15 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
 
 
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int = 256) -> torch.Tensor:
-    """softmax(q k^T / sqrt(Dk)) v, one block of keys at a time, without the (T, S) matrix (no mask).
+    """softmax(q k^T / sqrt(Dk)) v, one block of keys at a time, without the (T, S) matrix (notebook 08; no mask).
+
+    Only the keys are cut into blocks: every step holds the scores of all T
+    queries against one block of keys, (..., T, block_size), so its memory
+    grows with T (PyTorch's CPU kernel cuts the queries into blocks as well).
 
     Args:
         q: (..., T, Dk); k: (..., S, Dk); v: (..., S, Dv), float.
-        block_size: Keys per block; memory for scores is (..., T, block_size).
+        block_size: Keys per block, C >= 1.
 
     Returns:
         (..., T, Dv), equal to the naive result up to float rounding.
@@ -164,13 +213,13 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_siz
     if block_size < 1:
         raise InputError(f"block_size must be >= 1, got {block_size}")
     scale = 1.0 / math.sqrt(q.shape[-1])
-    m = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype)  # (..., T, 1)
-    l = torch.zeros((*q.shape[:-1], 1), dtype=q.dtype)  # (..., T, 1)
-    acc = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)  # (..., T, Dv)
+    m = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype)  # (..., T, 1) running maximum
+    l = torch.zeros((*q.shape[:-1], 1), dtype=q.dtype)  # (..., T, 1) running sum of exp(score - m)
+    acc = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)  # (..., T, Dv) running weighted sum of values
     for start in range(0, k.shape[-2], block_size):
-        k_block = k[..., start:start + block_size, :]  # (..., Bk, Dk)
-        v_block = v[..., start:start + block_size, :]  # (..., Bk, Dv)
-        scores = (q @ k_block.transpose(-2, -1)) * scale  # (..., T, Bk)
+        k_block = k[..., start:start + block_size, :]  # (..., C, Dk); the last block may be shorter
+        v_block = v[..., start:start + block_size, :]  # (..., C, Dv)
+        scores = (q @ k_block.transpose(-2, -1)) * scale  # (..., T, Dk) @ (..., Dk, C) -> (..., T, C)
         m, l, acc = online_softmax_update(m, l, acc, scores, v_block)
     return acc / l  # (..., T, Dv)
 
@@ -184,8 +233,9 @@ def causal_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``online_softmax_update``: the blocks before the diagonal whole, the
     diagonal tile with the causal mask inside it (key j is seen by query i only
     if j <= i). The tiles above the diagonal, where every key comes after
-    every query, are never computed: n (n + 1) / 2 tiles for n blocks instead
-    of n^2 (FlashAttention-2, Dao 2023). Equal to
+    every query, are never computed: G (G + 1) / 2 tiles for G blocks instead
+    of G^2 (Dao et al. 2022, section 3.3; only the diagonal tiles are masked,
+    as in FlashAttention-2, Dao 2023). Equal to
     ``F.scaled_dot_product_attention(q, k, v, is_causal=True)`` up to rounding,
     with no (T, T) tensor, not even the mask.
 
@@ -321,6 +371,30 @@ def peak_memory_curve(kind: str, ns: Sequence[int], d: int, block_size: int = 25
     result = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, kind, str(d), str(block_size), *map(str, ns)],
                             capture_output=True, text=True, check=True)
     return [float(r["peak_mb"]) for r in json.loads(result.stdout.strip().splitlines()[-1])]
+
+
+def peak_memory_curves(kinds: Sequence[str], ns: Sequence[int], d: int, block_size: int = 256) -> dict[str, list[float]]:
+    """:func:`peak_memory_curve` for several kinds at once, each in its own process, the processes run side by side.
+
+    Each process measures only its own memory, so running them together
+    changes no result and saves the start-up time of all but one.
+
+    Returns:
+        {kind: megabytes (MiB), one per length}.
+    """
+    for kind in kinds:
+        if kind not in ("naive", "tiled", "pytorch"):
+            raise InputError(f"kind must be 'naive', 'tiled' or 'pytorch', got {kind!r}")
+    running = {kind: subprocess.Popen([sys.executable, "-c", _MEMORY_SCRIPT, kind, str(d), str(block_size),
+                                       *map(str, ns)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for kind in kinds}
+    curves = {}
+    for kind, process in running.items():
+        out, err = process.communicate()
+        if process.returncode != 0:
+            raise subprocess.CalledProcessError(process.returncode, process.args, out, err)
+        curves[kind] = [float(r["peak_mb"]) for r in json.loads(out.strip().splitlines()[-1])]
+    return curves
 
 
 def peak_memory_mb(kind: str, n: int, d: int, block_size: int = 256) -> float:

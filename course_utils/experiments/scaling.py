@@ -191,7 +191,7 @@ def saturation_width(Dks: list[int], S: int, T: int, generator: torch.Generator,
                      threshold: float = 0.9) -> int | None:
     """The first key width at which an unscaled softmax puts more than ``threshold`` on one key, on average.
 
-    Notebook 04, exercise 3. For each width Dk in ``Dks``, in the order given:
+    Notebook 04, exercise 2. For each width Dk in ``Dks``, in the order given:
     draw T queries, then S keys (independent N(0, 1) components, float32, from
     ``generator``, in that order); all T queries attend over the same S keys,
     like the tokens of one sequence. Softmax of the unscaled scores q · k_j,
@@ -231,7 +231,7 @@ def top_two_gap_density(S: int) -> float:
     A query whose scores spread like sqrt(Dk) splits its weight between its
     two best keys when their gap is below about 1, which happens with
     probability about f_S / sqrt(Dk). To leading order
-    ``1 - E[largest weight] = ln(2) f_S / sqrt(Dk)`` (notebook 04, exercise 3).
+    ``1 - E[largest weight] = ln(2) f_S / sqrt(Dk)`` (notebook 04, exercise 2 and its going-further note).
 
     Args:
         S: Number of keys, at least 2.
@@ -363,7 +363,7 @@ def steps_to_learn(losses: Sequence[float], threshold: float = 1.0, window: int 
 
 
 def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, seed: int = 0,
-                 scale: float | None = None) -> RecallResult:
+                 scale: float | None = None, start_scale: float | None = None) -> RecallResult:
     """Train a ``RecallModel`` with or without the 1/sqrt(Dk) scale.
 
     With the same seed, all variants start from the same weights and see the
@@ -374,6 +374,9 @@ def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, see
         scaled: Multiply the scores by 1/sqrt(Dk) (True) or by 1 (False).
         seed: Seed for the initial weights, the training batches and the test set.
         scale: If given, multiply the scores by this instead (``scaled`` is then ignored).
+        start_scale: If given, the query projection starts multiplied by ``start_scale / scale``, so that
+            the model starts with exactly the scores of a model whose scale is ``start_scale``; only the
+            scale that multiplies every later step differs (the controls of notebook 04, section 6).
 
     Returns:
         A ``RecallResult``.
@@ -382,6 +385,10 @@ def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, see
     if scale is None:
         scale = 1.0 / math.sqrt(config.Dk) if scaled else 1.0
     model = RecallModel(config, scale=scale)
+    if start_scale is not None:
+        with torch.no_grad():
+            for p in model.q_proj.parameters():  # the same initial scores as a model with scale start_scale
+                p.mul_(start_scale / scale)
     test = make_recall_batch(config, config.test_size, torch.Generator().manual_seed(10_000 + seed))
     initial = attention_stats(model, test)
     generator = torch.Generator().manual_seed(seed)
