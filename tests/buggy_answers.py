@@ -323,7 +323,7 @@ _CAUSAL = ("def causal_tiled_attention(q, k, v, block_size):\n"
            "            m, l, acc = online_softmax_update(m, l, acc, scores, v_block)\n"
            "            tiles += 1\n"
            "        outs.append(acc / l)\n"
-           "    return torch.cat(outs, dim=-2), tiles\n")  # right: notebook 08's exercise 2, for the variants below
+           "    return torch.cat(outs, dim=-2), tiles\n")  # right: notebook 09's exercise 2, for the variants below
 _CAUSAL_MASK = ("                cols = torch.arange(k_start, k_start + k_block.shape[-2])\n"
                 "                scores = scores.masked_fill(cols[None, :] > rows[:, None], float('-inf'))\n")
 NEW_KINDS = {

@@ -886,7 +886,7 @@ def test_check_luong_step_refuses_a_dot_score_of_unequal_widths_and_leaves_the_r
     assert torch.equal(torch.random.get_rng_state(), before)
 
 
-# --- notebook 08, exercise 2: causal attention in tiles --------------------------------------------------------
+# --- notebook 09, exercise 2: causal attention in tiles --------------------------------------------------------
 
 from course_utils.checks import check_causal_tiled_attention  # noqa: E402
 

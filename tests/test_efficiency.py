@@ -1,4 +1,4 @@
-"""Notebook 08: tiled attention with an online softmax, the fused path, memory and timing helpers, the checker."""
+"""Notebook 09: tiled attention with an online softmax, the fused path, memory and timing helpers, the checker."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def test_check_online_softmax_update_names_the_bug(buggy, fragment):
     assert fragment in str(err.value)
 
 
-# --- causal tiled attention (notebook 08, exercise 2) ---------------------------------------------------------
+# --- causal tiled attention (notebook 09, exercise 2) ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(("lead", "T", "Dk", "Dv", "block_size"), [((2, 3), 11, 5, 6, 4), ((), 11, 5, 6, 1),

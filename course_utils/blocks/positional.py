@@ -45,7 +45,7 @@ def frequencies(D: int, base: float = 10000.0) -> torch.Tensor:
 
 
 def sinusoidal_positional_encoding(T: int, D: int) -> torch.Tensor:
-    """PE[p, 2m] = sin(p theta_m), PE[p, 2m + 1] = cos(p theta_m), theta_m = 10000^(-2m/D) (notebook 06, exercise 1).
+    """PE[p, 2m] = sin(p theta_m), PE[p, 2m + 1] = cos(p theta_m), theta_m = 10000^(-2m/D) (notebook 06).
 
     Vaswani et al. 2017, §3.5. Pair m of every row is a point on a circle that
     turns with frequency theta_m as the position p grows.
@@ -90,7 +90,7 @@ def shift_matrix(offset: int, D: int, base: float = 10000.0) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """RoPE: rotate pair (2m, 2m+1) of the row at position p by the angle p theta_m (notebook 06, exercise 2).
+    """RoPE: rotate pair (2m, 2m+1) of the row at position p by the angle p theta_m (notebook 06, exercise 1).
 
     Su et al. 2021 (the paper's interleaved pairs). Applied to queries and keys,
     it makes the score of query i and key j depend on the positions only

@@ -1,4 +1,4 @@
-"""Checkers for notebook 08: one step of the online softmax, and causal attention in tiles."""
+"""Checkers for notebook 09: one step of the online softmax, and causal attention in tiles."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _fold(update: Callable[..., Any], blocks: list[tuple[torch.Tensor, torch.Ten
 @exercise_check
 def check_online_softmax_update(fn: Callable[..., Any], seed: int = 0, T: int = 3, Dv: int = 4,
                                 block_sizes: tuple[int, ...] = (2, 3, 2)) -> None:
-    """Check a learner's ``online_softmax_update(m, l, acc, scores, v) -> (m, l, acc)`` (notebook 08, exercise 1).
+    """Check a learner's ``online_softmax_update(m, l, acc, scores, v) -> (m, l, acc)`` (notebook 09, exercise 1).
 
     Folds several blocks of keys (the second raises the running maximum, the
     third does not), then compares the final ``acc / l`` with softmax over all
@@ -272,7 +272,7 @@ def _causal_suspects(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int) 
 @exercise_check
 def check_causal_tiled_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2, H: int = 3, T: int = 11,
                                  Dk: int = 5, Dv: int = 6, block_size: int = 4) -> None:
-    """Check a learner's ``causal_tiled_attention(q, k, v, block_size) -> (out, tiles)`` (notebook 08, exercise 2).
+    """Check a learner's ``causal_tiled_attention(q, k, v, block_size) -> (out, tiles)`` (notebook 09, exercise 2).
 
     q and k are (B, H, T, Dk), v is (B, H, T, Dv), three different tensors of the
     same T positions. ``out`` is compared with

@@ -15,7 +15,7 @@ from course_utils.checks.flow import exercise_check
 
 @exercise_check
 def check_sinusoidal_positional_encoding(fn: Callable[[int, int], Any], T: int = 12, D: int = 8) -> None:
-    """Check a learner's ``sinusoidal_positional_encoding(T, D) -> (T, D)`` (notebook 06, exercise 1).
+    """Check a learner's ``sinusoidal_positional_encoding(T, D) -> (T, D)`` (notebook 06 gives it; for a lecturer who sets it as an exercise).
 
     At the sizes asked for, then at T = 1, D = 2 and sizes with T != D.
 
@@ -68,7 +68,7 @@ def _sinusoidal_once(fn: Callable[[int, int], Any], T: int, D: int) -> None:
 @exercise_check
 def check_apply_rotary(fn: Callable[[torch.Tensor, torch.Tensor | None], Any], seed: int = 0, B: int = 2, T: int = 5,
                        Dk: int = 8) -> None:
-    """Check a learner's ``apply_rotary(x, positions=None)`` on x of shape (B, T, Dk) (notebook 06, exercise 2).
+    """Check a learner's ``apply_rotary(x, positions=None)`` on x of shape (B, T, Dk) (notebook 06, exercise 1).
 
     Default and given positions, a bfloat16 x at positions from 1000, and a
     backward pass; at the sizes asked for, at B = 1, T = 1 and sizes that all

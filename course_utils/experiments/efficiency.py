@@ -1,4 +1,4 @@
-"""Attention at scale: cost against sequence length, and tiled attention (notebook 08).
+"""Attention at scale: cost against sequence length, and tiled attention (notebook 09).
 
 * Vaswani et al. 2017, Table 1: per layer, self-attention costs O(n^2 d)
   operations with O(1) sequential steps; a recurrent layer costs O(n d^2)
@@ -54,7 +54,7 @@ def time_call(fn: Callable[[], Any], repeats: int = 5, min_seconds: float = 0.02
 
 
 class SelfAttentionLayer(nn.Module):
-    """One head of self-attention of width d with its four projections, W^Q, W^K, W^V and W^O (notebook 08).
+    """One head of self-attention of width d with its four projections, W^Q, W^K, W^V and W^O (notebook 09).
 
     Args:
         d: Width.
@@ -130,7 +130,7 @@ def time_layers(ns: list[int], d: int, batch_size: int = 1, repeats: int = 5, se
 
 
 def page_faults(fn: Callable[[], Any]) -> int:
-    """Minor page faults of one call of ``fn()``, after a first call that loads the kernels (notebook 08).
+    """Minor page faults of one call of ``fn()``, after a first call that loads the kernels (notebook 09).
 
     A page fault is the first touch of a fresh page of memory: the operating
     system must find the page and fill it with zeros before the program may use
@@ -168,7 +168,7 @@ def _fault_count() -> int:
 
 def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor,
                           v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fold one block of keys into a running softmax-weighted sum (notebook 08, exercise 1).
+    """Fold one block of keys into a running softmax-weighted sum (notebook 09, exercise 1).
 
     Keeps, per query, the running maximum score m, the running sum of
     exp(score - m) l, and the running sum of exp(score - m) * value acc. When
@@ -197,7 +197,7 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
 
 
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int = 256) -> torch.Tensor:
-    """softmax(q k^T / sqrt(Dk)) v, one block of keys at a time, without the (T, S) matrix (notebook 08; no mask).
+    """softmax(q k^T / sqrt(Dk)) v, one block of keys at a time, without the (T, S) matrix (notebook 09; no mask).
 
     Only the keys are cut into blocks: every step holds the scores of all T
     queries against one block of keys, (..., T, block_size), so its memory
@@ -226,7 +226,7 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_siz
 
 def causal_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            block_size: int) -> tuple[torch.Tensor, int]:
-    """Causal self-attention in square tiles, skipping the tiles above the diagonal (notebook 08, exercise 2).
+    """Causal self-attention in square tiles, skipping the tiles above the diagonal (notebook 09, exercise 2).
 
     The T positions are cut into blocks of ``block_size`` (the last one may be
     shorter). Query block i folds in key blocks 0, ..., i with

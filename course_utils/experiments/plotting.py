@@ -232,7 +232,7 @@ def plot_lines(
 def line_panels(count: int, sharey: bool = True) -> tuple[Figure, list[Axes]]:
     """A Figure with ``count`` line-plot panels side by side, for ``plot_lines(..., ax=panel)``.
 
-    One panel per setting (e.g. one per width in notebook 08) keeps each
+    One panel per setting (e.g. one per width in notebook 09) keeps each
     panel's legend from hiding another setting's curves.
 
     Args:
