@@ -71,7 +71,8 @@ def _evidence(path: Path, nb: nbformat.NotebookNode, outside: dict[str, list[str
              "its first cell states, on the 2-core course machine; the minutes above come from there."]
     claims = outside.get(path.name[:2], [])
     if claims:
-        lines += ["* Outside the notebook, where a run is too long for it (the text states the result):"]
+        lines += ["* Outside the notebook, runs too long for it (other seeds, longer runs), so that an instructor "
+                  "knows how far a result of the notebook's own run holds:"]
         lines += [f"  * {claim}" for claim in claims]
     return lines
 
