@@ -145,22 +145,27 @@ def page_faults(fn: Callable[[], Any]) -> int:
     return _fault_count() - before
 
 
+def windows_memory_counters():
+    """The process's PROCESS_MEMORY_COUNTERS on Windows (psapi.h): page faults, working set and its peak."""
+    import ctypes
+    from ctypes import wintypes
+
+    class Counters(ctypes.Structure):  # PROCESS_MEMORY_COUNTERS (psapi.h)
+        _fields_ = [("cb", wintypes.DWORD), ("PageFaultCount", wintypes.DWORD)] + [
+            (name, ctypes.c_size_t) for name in ("PeakWorkingSetSize", "WorkingSetSize", "QuotaPeakPagedPoolUsage",
+                                                 "QuotaPagedPoolUsage", "QuotaPeakNonPagedPoolUsage",
+                                                 "QuotaNonPagedPoolUsage", "PagefileUsage", "PeakPagefileUsage")]
+
+    counters = Counters()
+    counters.cb = ctypes.sizeof(counters)
+    ctypes.windll.psapi.GetProcessMemoryInfo(ctypes.windll.kernel32.GetCurrentProcess(), ctypes.byref(counters),
+                                             counters.cb)
+    return counters
+
+
 def _fault_count() -> int:
     if sys.platform == "win32":
-        import ctypes
-        from ctypes import wintypes
-
-        class Counters(ctypes.Structure):  # the start of PROCESS_MEMORY_COUNTERS (psapi.h)
-            _fields_ = [("cb", wintypes.DWORD), ("PageFaultCount", wintypes.DWORD)] + [
-                (name, ctypes.c_size_t) for name in ("PeakWorkingSetSize", "WorkingSetSize", "QuotaPeakPagedPoolUsage",
-                                                     "QuotaPagedPoolUsage", "QuotaPeakNonPagedPoolUsage",
-                                                     "QuotaNonPagedPoolUsage", "PagefileUsage", "PeakPagefileUsage")]
-
-        counters = Counters()
-        counters.cb = ctypes.sizeof(counters)
-        ctypes.windll.psapi.GetProcessMemoryInfo(ctypes.windll.kernel32.GetCurrentProcess(), ctypes.byref(counters),
-                                                 counters.cb)
-        return int(counters.PageFaultCount)
+        return int(windows_memory_counters().PageFaultCount)
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
@@ -279,31 +284,14 @@ _MEMORY_SCRIPT = r"""
 import json, os, re, sys
 import torch
 from course_utils.blocks.attention import scaled_dot_product_attention
-from course_utils.experiments.efficiency import tiled_attention
-
-
-def _windows_counters():
-    import ctypes
-    from ctypes import wintypes
-
-    class Counters(ctypes.Structure):  # PROCESS_MEMORY_COUNTERS (psapi.h)
-        _fields_ = [("cb", wintypes.DWORD), ("PageFaultCount", wintypes.DWORD)] + [
-            (name, ctypes.c_size_t) for name in ("PeakWorkingSetSize", "WorkingSetSize", "QuotaPeakPagedPoolUsage",
-                                                 "QuotaPagedPoolUsage", "QuotaPeakNonPagedPoolUsage",
-                                                 "QuotaNonPagedPoolUsage", "PagefileUsage", "PeakPagefileUsage")]
-
-    counters = Counters()
-    counters.cb = ctypes.sizeof(counters)
-    ctypes.windll.psapi.GetProcessMemoryInfo(ctypes.windll.kernel32.GetCurrentProcess(), ctypes.byref(counters),
-                                             counters.cb)
-    return counters
+from course_utils.experiments.efficiency import tiled_attention, windows_memory_counters
 
 
 def peak_kb():
     if os.path.exists("/proc/self/status"):  # Linux: the high-water mark, reset below
         return int(re.search(r"VmHWM:\s+(\d+) kB", open("/proc/self/status").read()).group(1))
     if sys.platform == "win32":  # the peak working set; it only grows
-        return _windows_counters().PeakWorkingSetSize // 1024
+        return windows_memory_counters().PeakWorkingSetSize // 1024
     import resource  # macOS and other Unix systems: the maximum resident set size; it only grows
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
@@ -313,7 +301,7 @@ def current_kb():
     if os.path.exists("/proc/self/status"):
         return int(re.search(r"VmRSS:\s+(\d+) kB", open("/proc/self/status").read()).group(1))
     if sys.platform == "win32":
-        return _windows_counters().WorkingSetSize // 1024
+        return windows_memory_counters().WorkingSetSize // 1024
     return peak_kb()
 
 
