@@ -406,7 +406,7 @@ def test_timing_claims_logs_each_claim_and_prints_whether_it_held(tmp_path, monk
     log = tmp_path / "runs.jsonl"
     monkeypatch.setenv(BENCH_LOG_ENV, str(log))
     timing_claims({"a is faster": True, "b is faster": False})
-    assert capsys.readouterr().out.splitlines() == ["held here: a is faster", "NOT held here: b is faster"]
+    assert capsys.readouterr().out.splitlines() == ["✓ held in this run: a is faster", "✗ did not hold in this run: b is faster"]
     assert [json.loads(line) for line in log.read_text().splitlines()] == [
         {"claim": "a is faster", "holds": True}, {"claim": "b is faster", "holds": False}]
     assert _checks(_parse("timing_claims({'a is faster': t_a < t_b})")), "a timing_claims call counts as a check"

@@ -84,7 +84,7 @@ def timing_claim(statement: str, holds: bool) -> bool:
 def timing_claims(claims: dict[str, bool]) -> None:
     """:func:`timing_claim` for each ``statement: holds`` pair, printing whether it held on this machine."""
     for statement, holds in claims.items():
-        print("held here:" if timing_claim(statement, holds) else "NOT held here:", statement)
+        print("✓ held in this run:" if timing_claim(statement, holds) else "✗ did not hold in this run:", statement)
 
 
 @contextlib.contextmanager
