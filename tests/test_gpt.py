@@ -338,10 +338,10 @@ def test_a_cache_returned_without_the_new_positions_is_named():
         check_attend_with_cache(stale)
 
 
-# --- the shipped checkpoints (notebook 11) ---------------------------------------
+# --- the shipped checkpoints (notebooks 10 and 11) ---------------------------------------
 
 
-@pytest.mark.parametrize("name", ["gpt_dictionary_mha.pt", "gpt_dictionary_mqa.pt"])
+@pytest.mark.parametrize("name", ["gpt_dictionary_mha.pt", "gpt_dictionary_mqa.pt", "gpt_dictionary_long.pt"])
 def test_shipped_checkpoints_match_the_readme_and_load_as_a_gpt(name):
     readme = (DATA_DIR / "README.md").read_text(encoding="utf-8")
     row = re.search(rf"^\| `{re.escape(name)}` \| ([\d,]+) \| ([\d,]+) \| `([0-9a-f]{{64}})` \|", readme, re.M)
