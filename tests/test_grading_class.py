@@ -192,3 +192,20 @@ def test_a_grading_folder_that_cannot_be_written_is_refused_before_grading(submi
     assert run.returncode == 2, run.stdout + run.stderr
     assert "cannot grade: cannot write the grading folder" in run.stderr and "--out" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_bench_grading_budget_scales_with_the_notebooks_and_names_what_failed():
+    from course_utils.tooling import bench_grading
+
+    def run(one, serial, parallel, notebooks=12):
+        return {"one": one, "split": {f"{i:02d}_nb": one / notebooks for i in range(notebooks)}, "students": 4,
+                "serial": serial, "parallel": parallel, "busy": {"one": 1.2, "serial": 1.2, "parallel": 1.9}}
+
+    budget = bench_grading.NOTEBOOK_BUDGET * 12
+    assert bench_grading.failures(run(budget - 1, 400, 250)) == []
+    slow = bench_grading.failures(run(budget + 1, 400, 250))
+    assert len(slow) == 1 and "over the" in slow[0] and "12 notebooks" in slow[0]
+    assert bench_grading.failures(run(budget + 1, 400, 250, notebooks=14)) == [], "the budget grows with the course"
+    flat = bench_grading.failures(run(100, 400, 390))
+    assert len(flat) == 1 and "JOBS=2" in flat[0]
+    assert "one student's 12 notebooks" in bench_grading.table(run(100, 400, 250))
