@@ -145,7 +145,7 @@ def page_faults(fn: Callable[[], Any]) -> int:
     return _fault_count() - before
 
 
-def windows_memory_counters():
+def _windows_memory_counters():
     """The process's PROCESS_MEMORY_COUNTERS on Windows (psapi.h): page faults, working set and its peak."""
     import ctypes
     from ctypes import wintypes
@@ -165,7 +165,7 @@ def windows_memory_counters():
 
 def _fault_count() -> int:
     if sys.platform == "win32":
-        return int(windows_memory_counters().PageFaultCount)
+        return int(_windows_memory_counters().PageFaultCount)
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
@@ -284,14 +284,14 @@ _MEMORY_SCRIPT = r"""
 import json, os, re, sys
 import torch
 from course_utils.blocks.attention import scaled_dot_product_attention
-from course_utils.experiments.efficiency import tiled_attention, windows_memory_counters
+from course_utils.experiments.efficiency import tiled_attention, _windows_memory_counters
 
 
 def peak_kb():
     if os.path.exists("/proc/self/status"):  # Linux: the high-water mark, reset below
         return int(re.search(r"VmHWM:\s+(\d+) kB", open("/proc/self/status").read()).group(1))
     if sys.platform == "win32":  # the peak working set; it only grows
-        return windows_memory_counters().PeakWorkingSetSize // 1024
+        return _windows_memory_counters().PeakWorkingSetSize // 1024
     import resource  # macOS and other Unix systems: the maximum resident set size; it only grows
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
@@ -301,7 +301,7 @@ def current_kb():
     if os.path.exists("/proc/self/status"):
         return int(re.search(r"VmRSS:\s+(\d+) kB", open("/proc/self/status").read()).group(1))
     if sys.platform == "win32":
-        return windows_memory_counters().WorkingSetSize // 1024
+        return _windows_memory_counters().WorkingSetSize // 1024
     return peak_kb()
 
 
