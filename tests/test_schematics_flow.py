@@ -10,7 +10,7 @@ import torch
 
 from course_utils.blocks import masks
 from course_utils.checks import CheckError, answer_or_reference, check_padding_mask, compare_guess
-from course_utils.core.errors import GRADING_ENV, ExerciseOpen, InputError
+from course_utils.core.errors import ExerciseOpen, InputError
 from course_utils.experiments.schematics import KINDS, Schematic
 
 matplotlib.use("Agg")
@@ -69,23 +69,17 @@ def _off_by_one(lengths, S):
     return torch.arange(S)[None, None, :] <= lengths[:, None, None]
 
 
-def test_open_exercise_fails_outside_a_notebook_kernel():
-    with pytest.raises(ExerciseOpen, match="not written yet"):
-        check_padding_mask(_open)
-
-
-def test_open_exercise_lets_a_learners_notebook_go_on(monkeypatch, capsys):
+def test_open_exercise_fails_everywhere_a_learners_kernel_included(monkeypatch):
     import IPython
 
-    monkeypatch.setattr(IPython, "get_ipython", lambda: SimpleNamespace(kernel=object()))
-    monkeypatch.delenv(GRADING_ENV, raising=False)
-    assert check_padding_mask(_open) is None
-    assert "Exercise still open" in capsys.readouterr().out
-    with pytest.raises(CheckError, match="off by one"):  # a wrong answer still fails
-        check_padding_mask(_off_by_one)
-    monkeypatch.setenv(GRADING_ENV, "1")  # while grading, an open exercise fails
-    with pytest.raises(ExerciseOpen):
+    with pytest.raises(ExerciseOpen, match="not written yet"):
         check_padding_mask(_open)
+    # in a notebook kernel, as a learner or any grader runs it: the check still fails (grading fails closed)
+    monkeypatch.setattr(IPython, "get_ipython", lambda: SimpleNamespace(kernel=object()))
+    with pytest.raises(ExerciseOpen, match="Exercise still open.*not written yet.*raises-exception"):
+        check_padding_mask(_open)
+    with pytest.raises(CheckError, match="off by one"):  # a wrong answer fails too, with its bug named
+        check_padding_mask(_off_by_one)
 
 
 def test_answer_or_reference_uses_the_answer_only_once_it_passes(capsys):

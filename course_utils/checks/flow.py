@@ -2,14 +2,15 @@
 
 Three pieces, used from the notebooks' cells:
 
-* ``@exercise_check`` marks an exercise's checker. In a learner's notebook an
-  exercise that is not written yet (its function still raises
-  ``NotImplementedError``) does not stop the notebook: the check cell says the
-  exercise is open and Run All goes on. A wrong answer still fails its check
-  with a message that names the bug. Outside a notebook kernel (the course's
-  tests, the out-of-kernel verdict) and while grading (``COURSE_GRADING=1``,
-  set by the grading sandbox) an open exercise fails as before, so it scores
-  nothing.
+* ``@exercise_check`` marks an exercise's checker. An exercise that is not
+  written yet (its function still raises ``NotImplementedError``) fails its
+  check with ``ExerciseOpen``, everywhere: in a learner's kernel, under the
+  course's grading, under plain nbgrader or any other grader. Grading fails
+  closed, because nothing here asks who is running the notebook. Run All still
+  goes to the end: every graded check cell carries the ``raises-exception``
+  tag, which JupyterLab, nbclient and nbgrader honour by running on past that
+  cell's error (the error still costs the exercise its points), and the cell
+  after it goes on with the course's version.
 * ``answer_or_reference(fn, reference, check)`` is the cell after an exercise:
   it gives back the learner's function once it passes its check, and the
   course's reference until then, and says which one the notebook now uses.
@@ -21,28 +22,16 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import sys
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from course_utils.core.errors import GRADING_ENV, CheckError, ExerciseOpen
+from course_utils.core.errors import CheckError, ExerciseOpen
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _DEPTH: ContextVar[int] = ContextVar("_DEPTH", default=0)
 _PASSED: dict[str, int] = {}  # checker name -> id() of the last function that passed it
-_ANNOUNCED: set[tuple[str, int]] = set()  # (checker, id(fn)) already told "open", so a cell says it once
-
-
-def _learner_notebook() -> bool:
-    """True in a notebook kernel a learner runs: not under grading, not in a plain Python process."""
-    if os.environ.get(GRADING_ENV) == "1":
-        return False
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    return getattr(shell, "kernel", None) is not None
 
 
 def _name(fn: Any) -> str:
@@ -64,15 +53,11 @@ def exercise_check(check: F) -> F:
         try:
             result = check(fn, *args, **kwargs)
         except ExerciseOpen as exc:
-            if _DEPTH.get() > 1 or not _learner_notebook():
+            if _DEPTH.get() > 1:
                 raise
-            key = (check.__name__, id(fn))
-            if key not in _ANNOUNCED:
-                _ANNOUNCED.add(key)
-                print(f"○ Exercise still open. {exc}\n"
-                      "  The notebook goes on with the course's version; run this cell again once you have "
-                      "written yours.")
-            return None
+            raise ExerciseOpen(f"Exercise still open. {exc}\n  Run All goes on past this cell (it is tagged "
+                               "raises-exception), on the course's version. Run it again once you have written yours."
+                               ) from None
         finally:
             _DEPTH.reset(token)
         _PASSED[check.__name__] = id(fn)

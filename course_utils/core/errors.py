@@ -2,8 +2,9 @@
 
 * ``CheckError``: an exercise check failed. The message says what was expected,
   what came back and the likely bug.
-* ``ExerciseOpen``: a ``CheckError`` for an exercise not written yet; in a
-  learner's notebook its check cell says so and the notebook goes on.
+* ``ExerciseOpen``: a ``CheckError`` for an exercise not written yet. Its check
+  cell fails, under any grader, and Run All goes on past it (the cell is tagged
+  ``raises-exception``).
 * ``InputError``: a ``course_utils`` function got an input it cannot use (wrong
   shape, dtype, NaN, ``None``). The message says what was expected and what to
   look at, before anything deep inside PyTorch can fail.
@@ -17,9 +18,6 @@ from __future__ import annotations
 
 class CheckError(AssertionError):
     """A failed check. The message says what was expected, what came back and what to look at."""
-
-
-GRADING_ENV = "COURSE_GRADING"  # "1" in the grading sandbox: there an open exercise fails its check
 
 
 class ExerciseOpen(CheckError):

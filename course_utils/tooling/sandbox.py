@@ -44,7 +44,6 @@ from pathlib import Path
 
 import nbformat
 
-from course_utils.core.errors import GRADING_ENV
 from course_utils.core.portable import PINNED_ENV
 from course_utils.experiments.loop import SMOKE_ENV
 
@@ -194,7 +193,7 @@ def sandbox_command(argv: list[str], work: Path, hide: list[Path], limits: Limit
     keep_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(work),
                 "TMPDIR": str(work / "tmp"), "JUPYTER_RUNTIME_DIR": str(work / "runtime"),
                 "IPYTHONDIR": str(work / "ipython"), "MPLCONFIGDIR": str(work / "matplotlib"),
-                "JUPYTER_PLATFORM_DIRS": "1", GRADING_ENV: "1"}  # an open exercise fails its check
+                "JUPYTER_PLATFORM_DIRS": "1"}
     # The settings the course's kernels run with (pinned code paths, hash seed) and the short-training flag.
     for name in ("PYTHONHASHSEED", "PYTHONPATH", "IPYKERNEL_CELL_NAME", "VIRTUAL_ENV", SMOKE_ENV, *PINNED_ENV):
         if name in os.environ:
