@@ -76,7 +76,7 @@ def test_open_exercise_fails_everywhere_a_learners_kernel_included(monkeypatch):
         check_padding_mask(_open)
     # in a notebook kernel, as a learner or any grader runs it: the check still fails (grading fails closed)
     monkeypatch.setattr(IPython, "get_ipython", lambda: SimpleNamespace(kernel=object()))
-    with pytest.raises(ExerciseOpen, match="Exercise still open.*not written yet.*raises-exception"):
+    with pytest.raises(ExerciseOpen, match="(?s)Exercise still open.*not written yet.*raises-exception"):
         check_padding_mask(_open)
     with pytest.raises(CheckError, match="off by one"):  # a wrong answer fails too, with its bug named
         check_padding_mask(_off_by_one)
