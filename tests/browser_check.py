@@ -31,6 +31,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = "notebooks/00_orientation.ipynb"
 EXPLORER_NOTEBOOK = "notebooks/05_multi_head_attention.ipynb"
+LEARNER = "build/browser-test-learner"  # `make lab` writes the learner's copy (the untouched release) here
 
 
 def _free_port() -> int:
@@ -55,7 +56,8 @@ def jupyterlab(tmp_path):
     settings = _settings(tmp_path / "settings")
     lab_args = (f"--no-browser --port={port} --IdentityProvider.token={token} "
                 f"--LabApp.user_settings_dir={settings} --LabApp.workspaces_dir={tmp_path / 'workspaces'}")
-    server = subprocess.Popen(["make", "lab", f"LAB_ARGS={lab_args}"], cwd=ROOT, stdout=subprocess.DEVNULL,
+    shutil.rmtree(ROOT / LEARNER, ignore_errors=True)  # a fresh, untouched release
+    server = subprocess.Popen(["make", "lab", f"LAB_ARGS={lab_args}", f"LEARNER={LEARNER}"], cwd=ROOT, stdout=subprocess.DEVNULL,
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 300  # make lab may first set up the environment
@@ -93,9 +95,11 @@ def _committed_stderr(notebook: str) -> set[str]:
             if output.get("name") == "stderr"}
 
 
-def _clear_and_run_all_cells(page, notebook: str, seconds: int, screenshot: Path) -> tuple[list[str], list[str]]:
-    """Clear all outputs, run all cells through the menus, and wait until every code cell ran or one showed an
-    error or a warning that the committed notebook does not show. Returns (prompts, errors).
+def _clear_and_run_all_cells(page, notebook: str, seconds: int, screenshot: Path, stop_on_error: bool = True
+                             ) -> tuple[list[str], list[str]]:
+    """Clear all outputs, run all cells through the menus, and wait until every code cell ran or (if
+    ``stop_on_error``) one showed an error or a warning that the committed notebook does not show.
+    Returns (prompts, errors).
 
     If the cells do not all run in ``seconds`` (or none has started after two minutes), the page is saved to
     ``screenshot`` and the test fails with the cells' prompts."""
@@ -111,7 +115,7 @@ def _clear_and_run_all_cells(page, notebook: str, seconds: int, screenshot: Path
         errors = page.eval_on_selector_all(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
                                            "els => els.map(e => e.textContent.slice(0, 300))")
         errors = [error for error in errors if error not in expected]
-        if errors or (prompts and all(p[1:-2].isdigit() for p in prompts)):  # "[12]:" for every code cell
+        if (errors and stop_on_error) or (prompts and all(p[1:-2].isdigit() for p in prompts)):  # "[12]:" for every cell
             return prompts, errors
         waited = time.time() - start
         if waited > seconds or (waited > 120 and all(p == "[ ]:" for p in prompts)):
@@ -135,6 +139,26 @@ def test_notebook_00_runs_in_jupyterlab_without_errors_and_shows_heatmaps(jupyte
     assert [int(p[1:-2]) for p in prompts] == list(range(1, len(prompts) + 1)), "cells ran top to bottom, once each"
     assert len(images) >= 3 and all(src.startswith("data:image/png") for src in images), "the heatmaps are rendered"
     assert (ROOT / NOTEBOOK).read_bytes() == committed, "the browser test changed the committed notebook"
+
+
+def test_run_all_on_the_untouched_release_goes_to_the_end_with_every_exercise_open(jupyterlab, tmp_path):
+    """The learner's copy that `make lab` opens: every graded check cell ends in ExerciseOpen (a grader scores it
+    0), JupyterLab's Run All goes on past it (the cell is tagged raises-exception), and no other cell fails."""
+    from playwright.sync_api import sync_playwright
+
+    notebook = f"{LEARNER}/00_orientation.ipynb"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        _open_when_idle(page, jupyterlab(notebook))
+        prompts, errors = _clear_and_run_all_cells(page, notebook, 180, tmp_path / "page.png", stop_on_error=False)
+        texts = page.eval_on_selector_all(".jp-OutputArea-output", "els => els.map(e => e.textContent)")
+        browser.close()
+    graded = [c for c in json.loads((ROOT / notebook).read_text(encoding="utf-8"))["cells"]
+              if c.get("metadata", {}).get("nbgrader", {}).get("grade") and c["cell_type"] == "code"]
+    assert [int(p[1:-2]) for p in prompts] == list(range(1, len(prompts) + 1)), "Run All went to the end"
+    assert len(errors) == len(graded) and all("Exercise still open" in e for e in errors), errors
+    assert sum("uses the course's" in t for t in texts) >= len(graded), "each open exercise goes on with the reference"
 
 
 # The explorer's heatmap is an ipywidgets Image: its <img> shows a blob: URL that changes with every update,

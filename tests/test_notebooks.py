@@ -125,6 +125,12 @@ def test_exercises_are_graded_and_followed_by_the_reference(path):
         meta = test.metadata.get("nbgrader", {})
         assert meta.get("grade") and meta.get("locked") and meta.get("points", 0) > 0, f"{grade_id}: next cell is a graded test cell"
         assert "### BEGIN HIDDEN TESTS" in test.source, f"{grade_id}: the test cell has hidden tests"
+        # Grading fails closed: an open exercise raises in its test cell under any grader, and the tag lets Run All
+        # (JupyterLab, nbclient, nbgrader) go on past it. The instructor's solution passes: no error is committed.
+        assert "raises-exception" in _tags(test), f"{grade_id}: the graded test cell is tagged raises-exception"
+        for cell in (cells[i], test):
+            assert not [o for o in cell.get("outputs", []) if o.output_type == "error"], \
+                f"{grade_id}: the instructor's solution fails its own check"
         assert re.search(r"check_\w+\(", test.source.split("### BEGIN HIDDEN TESTS")[0]), f"{grade_id}: visible tests use a checker"
         fallback = cells[i + 2].source
         assert re.search(rf"^{grade_id} = [\w.]+", fallback, re.M), f"{grade_id}: the cell after the test switches to the reference"
