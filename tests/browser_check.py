@@ -157,7 +157,10 @@ def test_run_all_on_the_untouched_release_goes_to_the_end_with_every_exercise_op
     graded = [c for c in json.loads((ROOT / notebook).read_text(encoding="utf-8"))["cells"]
               if c.get("metadata", {}).get("nbgrader", {}).get("grade") and c["cell_type"] == "code"]
     assert [int(p[1:-2]) for p in prompts] == list(range(1, len(prompts) + 1)), "Run All went to the end"
-    assert len(errors) == len(graded) and all("Exercise still open" in e for e in errors), errors
+    opened = [e for e in errors if e.startswith("ExerciseOpen: Exercise still open.")]
+    assert len(opened) == len(graded), errors
+    others = [e for e in errors if e not in opened and e not in _committed_stderr(NOTEBOOK)]  # warnings shown on purpose
+    assert not others, f"a cell failed that is not an open exercise's check: {others}"
     assert sum("uses the course's" in t for t in texts) >= len(graded), "each open exercise goes on with the reference"
 
 
