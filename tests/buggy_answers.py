@@ -560,6 +560,16 @@ NEW_KINDS = {
          "    return scaling.saturation_width(Dks, S, T, generator, threshold)\n", "calls the course's reference"),
     ],
     "split_heads": [
+        # issue 34: "without a loop over the heads", and these passed
+        ("heads sliced in a loop and stacked", "def split_heads(x, num_heads):\n    Dh = x.shape[-1] // num_heads\n"
+         "    return torch.stack([x[..., h * Dh:(h + 1) * Dh] for h in range(num_heads)], 1)\n", "one at a time"),
+        ("heads cut by chunk and stacked", "def split_heads(x, num_heads):\n"
+         "    return torch.stack(x.chunk(num_heads, dim=-1), dim=1)\n", "one at a time"),
+        ("heads written one by one into a new tensor", "def split_heads(x, num_heads):\n"
+         "    B, T, D = x.shape\n    Dh = D // num_heads\n    out = x.new_zeros(B, num_heads, T, Dh)\n"
+         "    for h in range(num_heads):\n"
+         "        out = out.index_copy(1, torch.tensor([h]), x[:, None, :, h * Dh:(h + 1) * Dh])\n    return out\n",
+         "once per head"),
         (".data", "def split_heads(x, num_heads):\n    B, T, D = x.shape\n"
          "    return x.data.view(B, T, num_heads, D // num_heads).transpose(1, 2)\n", "cut off from autograd"),
         ("a squeeze that breaks at B = 1", "def split_heads(x, num_heads):\n    B, T, D = x.shape\n"
@@ -578,6 +588,13 @@ NEW_KINDS = {
          "calls the course's reference"),
     ],
     "multi_head_attention": [
+        # issue 34: "Do not call scaled_dot_product_attention ... Decide the scale", and these passed
+        ("the course's scaled_dot_product_attention, no scale written", _MHA, "rules out"),
+        ("F.scaled_dot_product_attention for the output", _MHA.replace(
+            "    context, weights = scaled_dot_product_attention(q, k, v, mask)\n",
+            "    from course_utils.blocks.attention import masked_softmax\n"
+            "    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)\n"
+            "    weights = masked_softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, mask)\n"), "rules out"),
         ("k used as value", _MHA.replace("(v_proj, value)", "(v_proj, key)"), "computed from key"),
         ("detached output", _MHA.replace(
             "    context, weights = scaled_dot_product_attention(q, k, v, mask)\n",
@@ -648,11 +665,26 @@ NEW_KINDS = {
          "calls the course's reference"),
     ],
     "is_pre_ln": [
+        # issue 34: "whatever the gains and shifts"; passed while the checker's gains were 1 ± 0.5
+        ("twice the input, about twice the output", "def is_pre_ln(block, D):\n    x = torch.randn(2, 5, D)\n"
+         "    with torch.no_grad():\n        return bool(block(2 * x).norm() > 1.5 * block(x).norm())\n",
+         "gains and shifts were small"),
         ("calls the reference", "def is_pre_ln(block, D):\n"
          "    from course_utils.blocks.transformer import is_pre_ln as reference\n    return reference(block, D)\n",
          "calls the course's reference"),
     ],
     "gradient_norm_per_block": [
+        # issue 34: num_layers ignored, one entry per block that appears with a gradient
+        ("a list of the blocks that have a gradient", "def gradient_norm_per_block(grads, num_layers):\n"
+         "    squares = {}\n    for name, g in grads.items():\n        if g is not None:\n"
+         "            block = int(name.split('.')[0])\n"
+         "            squares[block] = squares.get(block, 0.0) + float((g ** 2).sum())\n"
+         "    return [math.sqrt(squares[block]) for block in sorted(squares)]\n", "still has its place"),
+        ("as many blocks as the largest index with a gradient", "def gradient_norm_per_block(grads, num_layers):\n"
+         "    n = 1 + max(int(name.split('.')[0]) for name, g in grads.items() if g is not None)\n"
+         "    squares = [0.0] * n\n    for name, g in grads.items():\n        if g is not None:\n"
+         "            squares[int(name.split('.')[0])] += float((g ** 2).sum())\n"
+         "    return [math.sqrt(s) for s in squares]\n", "still has its place"),
         ("calls the reference", "def gradient_norm_per_block(grads, num_layers):\n"
          "    from course_utils.experiments.deep_stacks import gradient_norm_per_block as reference\n"
          "    return reference(grads, num_layers)\n", "calls the course's reference"),
@@ -777,6 +809,11 @@ NEW_KINDS = {
          "    return efficiency.online_softmax_update(m, l, acc, scores, v)\n", "calls the course's reference"),
     ],
     "next_token_loss": [
+        # issue 34: passed while the checker's model had a context of T + 1; the notebook's model raises
+        ("the model run on the whole window, its last position dropped", "def next_token_loss(model, tokens):\n"
+         "    logits = model(tokens)[:, :-1]\n"
+         "    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))\n",
+         "whole window"),
         ("(B, T, V) logits passed to F.cross_entropy as they are", "def next_token_loss(model, tokens):\n"
          "    logits = model(tokens[:, :-1])\n    return F.cross_entropy(logits, tokens[:, 1:])\n",
          "reads the classes from dimension 1"),
@@ -788,6 +825,22 @@ NEW_KINDS = {
          "calls the course's reference"),
     ],
     "filter_logits": [
+        # issue 34: the hidden tests alone passed these (the order of the two filters matters)
+        ("top-p on the original distribution", "def filter_logits(logits, top_k=None, top_p=None):\n"
+         "    out = logits\n    if top_k is not None:\n"
+         "        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]\n"
+         "        out = out.masked_fill(logits < kth, float('-inf'))\n"
+         "    if top_p is not None:\n        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)\n"
+         "        probs = torch.softmax(sorted_logits, dim=-1)\n        drop = probs.cumsum(dim=-1) - probs >= top_p\n"
+         "        out = out.masked_fill(drop.scatter(-1, order, drop), float('-inf'))\n    return out\n",
+         "original distribution"),
+        ("top-p before top-k", "def filter_logits(logits, top_k=None, top_p=None):\n"
+         "    if top_p is not None:\n        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)\n"
+         "        probs = torch.softmax(sorted_logits, dim=-1)\n        drop = probs.cumsum(dim=-1) - probs >= top_p\n"
+         "        logits = logits.masked_fill(drop.scatter(-1, order, drop), float('-inf'))\n"
+         "    if top_k is not None:\n        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]\n"
+         "        logits = logits.masked_fill(logits < kth, float('-inf'))\n    return logits\n",
+         "original distribution"),
         ("code for (V,) and (B, V) logits only", "def filter_logits(logits, top_k=None, top_p=None):\n"
          "    if top_k is not None:\n        values = torch.topk(logits, top_k, dim=-1).values\n"
          "        kth = values[-1:] if logits.dim() == 1 else values[:, -1:]\n"
@@ -819,6 +872,15 @@ NEW_KINDS = {
          "calls the course's reference"),
     ],
     "causal_tiled_attention": [
+        # issue 34: no key tiles, no online softmax, the tile count by arithmetic; passed every check
+        ("one ordinary softmax per query block over keys 0 .. end", "def causal_tiled_attention(q, k, v, block_size):\n"
+         "    T, outs = q.shape[-2], []\n    for start in range(0, T, block_size):\n"
+         "        q_block = q[..., start:start + block_size, :]\n        end = start + q_block.shape[-2]\n"
+         "        scores = q_block @ k[..., :end, :].transpose(-2, -1) / q.shape[-1] ** 0.5\n"
+         "        later = torch.arange(end)[None, :] > torch.arange(start, end)[:, None]\n"
+         "        weights = torch.softmax(scores.masked_fill(later, float('-inf')), dim=-1)\n"
+         "        outs.append(weights @ v[..., :end, :])\n    n = -(-T // block_size)\n"
+         "    return torch.cat(outs, dim=-2), n * (n + 1) // 2\n", "one tile at a time"),
         ("every tile computed, the upper ones masked away", _CAUSAL.replace(
             "range(0, start + 1, block_size)", "range(0, T, block_size)").replace(
             "if k_start == start:", "if k_start >= start:").replace("tiles += 1", "tiles += int(k_start <= start)"),

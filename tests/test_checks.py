@@ -466,14 +466,16 @@ import math  # noqa: E402
 import re  # noqa: E402
 
 from course_utils.checks import (  # noqa: E402
-    WORKED_EXAMPLE_WRONG,
     check_attention_entropy,
     check_attention_scale,
     check_scaled_dot_product_attention,
     check_scaled_scores,
     check_spot_the_error,
-    explain_worked_example,
 )
+
+# The answer key of 03's spot-the-error exercise, read from the instructor's solution cell: nothing a learner's kernel
+# can import holds it (test_no_answer_key_of_spot_the_error_is_importable).
+WORKED_EXAMPLE_WRONG = frozenset(notebook_solution("03_self_attention", "spot_the_error"))
 
 
 def test_check_spot_the_error_accepts_any_iterable_of_the_numbers(capsys):
@@ -602,9 +604,48 @@ def test_check_spot_the_error_does_not_reveal_the_key():
     assert len(singles) == 1
 
 
-def test_worked_example_explanation_covers_every_statement():
-    lines = explain_worked_example().splitlines()
-    assert len(lines) == 8 and sum("**wrong**" in line for line in lines) == len(WORKED_EXAMPLE_WRONG)
+def test_the_right_set_opens_the_explanation_of_every_statement(capsys):
+    """Once the set is right, the check explains each statement (the reveal after the exercise), once per call."""
+    check_spot_the_error(set(WORKED_EXAMPLE_WRONG))
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if re.match(r"\d\. (right|wrong): ", line)]
+    assert [int(line[0]) for line in lines] == list(range(1, 9)), out
+    assert {int(line[0]) for line in lines if line[3:].startswith("wrong: ")} == WORKED_EXAMPLE_WRONG
+    assert "Σ_j w_ij v_j" in out  # the reasons, not only the verdicts
+
+
+def test_no_answer_key_of_spot_the_error_is_importable():
+    """Issue 34: the key was an importable constant (WORKED_EXAMPLE_WRONG). No module of course_utils may hold the
+    right set, as any collection of its numbers, nor the explanation in clear; its source may not spell the set."""
+    import importlib
+    import pkgutil
+    from pathlib import Path
+
+    import course_utils
+
+    key = sorted(WORKED_EXAMPLE_WRONG)
+    spelled = re.compile(r"[{\[(]\s*" + r"\s*,\s*".join(map(str, key)) + r"\s*[}\])]")
+    for info in pkgutil.walk_packages(course_utils.__path__, "course_utils."):
+        if info.name.endswith(".__main__"):
+            continue  # a command, not a module to import
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:  # noqa: BLE001 - a module that needs what a kernel lacks cannot leak to it either
+            continue
+        for name, value in vars(module).items():
+            if isinstance(value, (set, frozenset, list, tuple)) and len(value) == len(key):
+                try:
+                    assert sorted(value) != key, f"{info.name}.{name} is the answer key"
+                except TypeError:
+                    pass
+            if isinstance(value, str):
+                assert "Σ_j w_ij v_j" not in value, f"{info.name}.{name} holds the explanation in clear"
+        source = getattr(module, "__file__", None)
+        if source and source.endswith(".py"):
+            assert not spelled.search(Path(source).read_text(encoding="utf-8")), f"{source} spells the answer key"
+    from course_utils import checks
+
+    assert not hasattr(checks, "WORKED_EXAMPLE_WRONG") and not hasattr(checks, "explain_worked_example")
 
 
 # Notebook 04's checkers name the bug in words: no code of the solution, no technique that fixes it.
@@ -903,7 +944,8 @@ REFERENCES["causal_tiled_attention"] = efficiency.causal_tiled_attention
 
 
 def _causal_by_strips(q, k, v, block_size):
-    """Right, written another way: one product per query block over all the keys up to the end of the block."""
+    """Right values, but not what the exercise asks (issue 34): one ordinary softmax per query block over all the keys
+    up to the end of the block, no key tiles, no online softmax, and the tile count by arithmetic."""
     T, outs = q.shape[-2], []
     for start in range(0, T, block_size):
         q_block = q[..., start:start + block_size, :]
@@ -936,11 +978,21 @@ def _causal_into_one_output(q, k, v, block_size):
     return out, tiles
 
 
-@pytest.mark.parametrize("answer", [_causal_by_strips, _causal_into_one_output])
+@pytest.mark.parametrize("answer", [_causal_into_one_output])
 def test_check_causal_tiled_attention_accepts_right_answers_written_another_way(answer, capsys):
     check_causal_tiled_attention(answer)
     check_causal_tiled_attention(answer, seed=1, B=1, H=2, T=7, Dk=3, Dv=4, block_size=3)
     assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"seed": 1, "B": 1, "H": 2, "T": 7, "Dk": 3, "Dv": 4, "block_size": 3},
+                                    {"seed": 2, "B": 3, "H": 1, "T": 16, "Dk": 8, "Dv": 2, "block_size": 5}])
+def test_check_causal_tiled_attention_rejects_one_softmax_per_query_block(kwargs):
+    """Issue 34: the visible check and both hidden tests passed it; each one now names what is missing."""
+    with pytest.raises(CheckError, match="not one tile at a time") as err:
+        check_causal_tiled_attention(_causal_by_strips, **kwargs)
+    assert "works for" not in str(err.value)  # caught at the sizes asked for
+    assert_no_answer_in(str(err.value), solution=("09_attention_at_scale", "causal_tiled_attention"))
 
 
 def test_check_causal_tiled_attention_measures_the_work_not_only_the_values():
@@ -1347,3 +1399,284 @@ def test_the_checks_of_how_a_function_is_written_skip_the_graders_proxy():
     assert has_python_loop(lambda x: [t for t in x]) and not has_python_loop(lambda x: x.sum())
     assert torch_calls(lambda q, k: q @ k.mT, torch.ones(1, 2, 3), torch.ones(1, 4, 3))[1] >= {"matmul"}
     assert torch_calls(attention.pairwise_scores, torch.ones(1, 2, 3), torch.ones(1, 4, 3))[1] is None
+
+
+# --- issue 34: checkers that enforce what their exercise says, and accept every right way to do it -------------
+
+from buggy_answers import _BEAM  # noqa: E402
+from course_utils.blocks.attention import masked_softmax  # noqa: E402
+from course_utils.checks import (  # noqa: E402
+    check_causal_tiled_attention,
+    check_filter_logits,
+    check_gradient_norm_per_block,
+    check_is_pre_ln,
+    check_multi_head_attention,
+    check_next_token_loss,
+    check_split_heads,
+)
+
+
+def _named(fn, name):
+    fn.__name__ = name
+    return fn
+
+
+SPLITS_WITHOUT_A_LOOP = {  # notebook 05, exercise 1: every vectorised split passes
+    "view, transpose": lambda x, H: x.view(x.shape[0], x.shape[1], H, -1).transpose(1, 2),
+    "reshape, permute": lambda x, H: x.reshape(*x.shape[:-1], H, x.shape[-1] // H).permute(0, 2, 1, 3),
+    "unflatten, transpose, contiguous": lambda x, H: x.unflatten(-1, (H, -1)).transpose(1, 2).contiguous(),
+    "movedim": lambda x, H: torch.movedim(x.view(*x.shape[:-1], H, -1), -2, 1),
+    "einsum": lambda x, H: torch.einsum("bthd->bhtd", x.reshape(*x.shape[:-1], H, -1)),
+    "swapaxes, clone": lambda x, H: x.reshape(x.shape[0], x.shape[1], H, -1).swapaxes(1, 2).clone(),
+}
+
+
+@pytest.mark.parametrize("how", list(SPLITS_WITHOUT_A_LOOP))
+def test_check_split_heads_accepts_every_split_without_a_loop(how, capsys):
+    answer = _named(SPLITS_WITHOUT_A_LOOP[how], "split_heads")
+    check_split_heads(answer)
+    check_split_heads(answer, seed=2, B=3, T=5, H=2, Dh=3)
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+def test_check_split_heads_counts_no_operations_of_the_graders_proxy():
+    """Out of the kernel the student's operations run in another process: the count is left to the kernel."""
+    from course_utils.checks.inspection import course_function
+    from course_utils.checks.multihead import _split_without_a_loop
+    from course_utils.tooling.verdict.proxies import proxy
+
+    stand_in = proxy(None, ("export", "split_heads_tests", "split_heads"), "split_heads")
+    assert course_function(stand_in)
+    _split_without_a_loop(stand_in, 0)  # returns at once: nothing to count here
+
+
+def _mha_parts(query, key, value, q_proj, k_proj, v_proj, num_heads):
+    return (multihead.split_heads(p(t), num_heads) for p, t in ((q_proj, query), (k_proj, key), (v_proj, value)))
+
+
+def _mha_einsum(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads, mask=None):
+    q, k, v = _mha_parts(query, key, value, q_proj, k_proj, v_proj, num_heads)
+    weights = masked_softmax(torch.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(q.shape[-1]), mask)
+    return out_proj(multihead.merge_heads(torch.einsum("bhts,bhsd->bhtd", weights, v))), weights
+
+
+def _mha_scaled_queries(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads, mask=None):
+    q, k, v = _mha_parts(query, key, value, q_proj, k_proj, v_proj, num_heads)
+    weights = masked_softmax((q * q.shape[-1] ** -0.5) @ k.mT, mask)  # the scale on q first: the same scores
+    return out_proj(multihead.merge_heads(weights @ v)), weights
+
+
+@pytest.mark.parametrize("answer", [_mha_einsum, _mha_scaled_queries])
+def test_check_multi_head_attention_accepts_scores_written_out_in_other_ways(answer, capsys):
+    check_multi_head_attention(_named(answer, "multi_head_attention"))
+    assert capsys.readouterr().out.count("all checks passed") == 1
+
+
+def test_check_multi_head_attention_names_scaled_dot_product_attention_at_any_depth():
+    """Through nn.MultiheadAttention's functional form too: the fused call is seen wherever it is made."""
+    def through_a_helper(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads, mask=None):
+        q, k, v = _mha_parts(query, key, value, q_proj, k_proj, v_proj, num_heads)
+        helper = {"attend": F.scaled_dot_product_attention}
+        out = helper["attend"](q, k, v, attn_mask=mask)
+        weights = masked_softmax(q @ k.mT / math.sqrt(q.shape[-1]), mask)
+        return out_proj(multihead.merge_heads(out)), weights
+
+    with pytest.raises(CheckError, match="rules out") as err:
+        check_multi_head_attention(_named(through_a_helper, "multi_head_attention"))
+    assert_no_answer_in(str(err.value), solution=("05_multi_head_attention", "multi_head_attention"))
+    assert sys.getprofile() is None
+
+
+def _probe(scale, threshold, B=2):
+    def is_pre_ln(block, D):
+        x = torch.randn(B, 5, D, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            return bool(block(scale * x).norm() > threshold * block(x).norm())
+
+    return is_pre_ln
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(("scale", "threshold"), [(1000, 10), (100, 10), (1e4, 100)])
+def test_check_is_pre_ln_accepts_probes_at_very_different_scales(seed, scale, threshold, capsys):
+    for D in (8, 16, 48):
+        check_is_pre_ln(_probe(scale, threshold), seed=seed, D=D)
+    assert capsys.readouterr().out.count("all checks passed") == 3
+
+
+def test_check_is_pre_ln_tries_large_and_small_gains_and_shifts():
+    """Issue 34: "whatever the gains and shifts" — the blocks have gains 1, about 1, 5 and 0.2, with shifts."""
+    from course_utils.checks.transformer import _black_box_blocks
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        blocks = _black_box_blocks(16)
+    norms = {norms for _, _, norms, _ in blocks}
+    assert {"gain 5, random shifts", "gain 0.2, random shifts"} <= norms
+    assert {pre_ln for _, pre_ln, norms, _ in blocks if norms.startswith("gain 5")} == {False, True}
+    with pytest.raises(CheckError, match="gains and shifts were small") as err:
+        check_is_pre_ln(_probe(2, 1.5))  # twice the input: about twice the output only while the gains are small
+    assert_no_answer_in(str(err.value), ("1000", ".norm()", "> 10"), solution=("07_transformer_block", "is_pre_ln"))
+
+
+def _norms_as_a_tensor(grads, num_layers):
+    squares = torch.zeros(num_layers)
+    for name, g in grads.items():
+        if g is not None:
+            squares[int(name.split(".")[0])] += g.pow(2).sum()
+    return squares.sqrt()
+
+
+def _norms_of_concatenated_gradients(grads, num_layers):
+    norms = []
+    for k in range(num_layers):
+        mine = [g.flatten() for name, g in grads.items() if g is not None and name.split(".")[0] == str(k)]
+        norms.append(torch.cat(mine).norm().item() if mine else 0.0)
+    return norms
+
+
+@pytest.mark.parametrize("answer", [_norms_as_a_tensor, _norms_of_concatenated_gradients])
+def test_check_gradient_norm_per_block_accepts_other_right_answers(answer, capsys):
+    for seed, N, D in [(0, 12, 8), (1, 3, 4), (2, 13, 12)]:
+        check_gradient_norm_per_block(_named(answer, "gradient_norm_per_block"), seed=seed, N=N, D=D)
+    assert capsys.readouterr().out.count("all checks passed") == 3
+
+
+def test_check_gradient_norm_per_block_wants_0_at_the_place_of_a_block_without_a_gradient():
+    def skipped_then_padded(grads, num_layers):  # the right length, but the blocks after a gap moved up
+        present = [v for v in _norms_of_concatenated_gradients(grads, num_layers) if v > 0]
+        return present + [0.0] * (num_layers - len(present))
+
+    def nan_for_a_block_without_a_gradient(grads, num_layers):
+        return [v if v > 0 else float("nan") for v in _norms_of_concatenated_gradients(grads, num_layers)]
+
+    for answer, fragment in [(skipped_then_padded, "lost its place"), (nan_for_a_block_without_a_gradient, "get 0")]:
+        with pytest.raises(CheckError, match=fragment) as err:
+            check_gradient_norm_per_block(_named(answer, "gradient_norm_per_block"))
+        assert_no_answer_in(str(err.value), solution=("08_training_deep_stacks", "gradient_norm_per_block"))
+
+
+_CAUSAL_INLINE_UPDATE = (  # notebook 09, exercise 2, right, with the online softmax written inline
+    "def causal_tiled_attention(q, k, v, block_size):\n"
+    "    T, outs, tiles = q.shape[-2], [], 0\n"
+    "    for start in range(0, T, block_size):\n"
+    "        q_block = q[..., start:start + block_size, :]\n"
+    "        rows = torch.arange(start, start + q_block.shape[-2])[:, None]\n"
+    "        m = torch.full((*q_block.shape[:-1], 1), float('-inf'))\n"
+    "        l, acc = torch.zeros_like(m), q_block.new_zeros(*q_block.shape[:-1], v.shape[-1])\n"
+    "        for k_start in range(0, start + 1, block_size):\n"
+    "            scores = torch.einsum('...qd,...kd->...qk', q_block, k[..., k_start:k_start + block_size, :])\n"
+    "            scores = scores * q.shape[-1] ** -0.5\n"
+    "            cols = torch.arange(k_start, k_start + scores.shape[-1])[None, :]\n"
+    "            scores = torch.where(cols > rows, float('-inf'), scores)\n"
+    "            m_new = torch.maximum(m, scores.amax(-1, keepdim=True))\n"
+    "            p = torch.exp(scores - m_new)\n"
+    "            correction = torch.exp(m - m_new)\n"
+    "            l = l * correction + p.sum(-1, keepdim=True)\n"
+    "            acc = acc * correction + p @ v[..., k_start:k_start + block_size, :]\n"
+    "            m, tiles = m_new, tiles + 1\n"
+    "        outs.append(acc / l)\n"
+    "    return torch.cat(outs, dim=-2), tiles\n")
+
+
+def test_check_causal_tiled_attention_accepts_the_online_softmax_written_inline(capsys):
+    namespace = {"torch": torch}
+    exec(_CAUSAL_INLINE_UPDATE, namespace)  # noqa: S102 - test fixture code
+    answer = namespace["causal_tiled_attention"]
+    check_causal_tiled_attention(answer)
+    check_causal_tiled_attention(answer, seed=1, B=1, H=2, T=7, Dk=3, Dv=4, block_size=3)
+    check_causal_tiled_attention(answer, seed=2, B=3, H=1, T=16, Dk=8, Dv=2, block_size=5)
+    assert capsys.readouterr().out.count("all checks passed") == 3
+
+
+def _causal_tiles_joined(q, k, v, block_size):
+    """Tiles computed one by one, then joined and normalised by one ordinary softmax: no online softmax."""
+    T, outs, tiles = q.shape[-2], [], 0
+    for start in range(0, T, block_size):
+        q_block = q[..., start:start + block_size, :]
+        joined = []
+        for k_start in range(0, start + 1, block_size):
+            joined.append(q_block @ k[..., k_start:k_start + block_size, :].mT / math.sqrt(q.shape[-1]))
+            tiles += 1
+        scores = torch.cat(joined, dim=-1)  # (..., Cq, end)
+        end = scores.shape[-1]
+        later = torch.arange(end)[None, :] > torch.arange(start, start + q_block.shape[-2])[:, None]
+        outs.append(torch.softmax(scores.masked_fill(later, float("-inf")), dim=-1) @ v[..., :end, :])
+    return torch.cat(outs, dim=-2), tiles
+
+
+def test_check_causal_tiled_attention_names_one_softmax_over_the_tiles_joined():
+    with pytest.raises(CheckError, match="one tile at a time") as err:
+        check_causal_tiled_attention(_named(_causal_tiles_joined, "causal_tiled_attention"))
+    assert_no_answer_in(str(err.value), solution=("09_attention_at_scale", "causal_tiled_attention"))
+
+
+NEXT_TOKEN_LOSSES = {  # notebook 10, exercise 1: right answers written in other ways
+    "vocabulary on dimension 1": lambda model, t: F.cross_entropy(model(t[:, :-1]).transpose(1, 2), t[:, 1:]),
+    "log_softmax and gather": lambda model, t: -model(t[:, :-1]).log_softmax(-1).gather(-1, t[:, 1:, None]).mean(),
+    "narrow and flatten": lambda model, t: F.cross_entropy(model(t.narrow(1, 0, t.shape[1] - 1)).flatten(0, 1),
+                                                           t.narrow(1, 1, t.shape[1] - 1).flatten()),
+}
+
+
+@pytest.mark.parametrize("how", list(NEXT_TOKEN_LOSSES))
+def test_check_next_token_loss_accepts_other_right_answers(how, capsys):
+    answer = _named(NEXT_TOKEN_LOSSES[how], "next_token_loss")
+    for seed, shape in [(0, {}), (1, {"B": 1, "T": 1, "V": 3}), (2, {"B": 4, "T": 9, "V": 5})]:
+        check_next_token_loss(answer, seed=seed, **shape)
+    assert capsys.readouterr().out.count("all checks passed") == 3
+
+
+def test_check_next_token_loss_gives_a_model_whose_context_is_what_it_reads():
+    """The model the checker hands over holds T positions, as the notebook's 64 for windows of 65: reading the whole
+    window raises there, and the checker names that instead of passing it."""
+    seen = []
+
+    def spy(model, tokens):
+        seen.append((model.config.max_len, tokens.shape[1]))
+        return NEXT_TOKEN_LOSSES["vocabulary on dimension 1"](model, tokens)
+
+    check_next_token_loss(_named(spy, "next_token_loss"), B=2, T=6, V=5)
+    assert seen and all(max_len == length - 1 for max_len, length in seen)
+
+
+def _filter_with_probabilities_masked(logits, top_k=None, top_p=None):
+    """Right, written otherwise: top-p on the probabilities of the kept logits, set to 0 outside them."""
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    if top_k is not None:
+        keep &= logits >= torch.topk(logits, top_k, dim=-1).values[..., -1:]
+    if top_p is not None:
+        probs = torch.softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        keep_sorted = sorted_probs.cumsum(-1) - sorted_probs < top_p
+        keep &= torch.zeros_like(keep).scatter(-1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def test_check_filter_logits_accepts_another_right_answer_and_tells_the_orders_apart(capsys):
+    from course_utils.checks.gpt import _order_case
+
+    for seed, shape in [(0, {}), (1, {"B": 1, "V": 3}), (2, {"B": 6, "V": 50})]:
+        check_filter_logits(_named(_filter_with_probabilities_masked, "filter_logits"), seed=seed, **shape)
+    assert capsys.readouterr().out.count("all checks passed") == 3
+    for shape in [(3,), (4, 10), (2, 6, 50)]:
+        logits, top_k, top_p = _order_case(shape, 0)
+        assert top_p == round(top_p, 2)
+        right = torch.isfinite(gpt.filter_logits(logits, top_k, top_p)).sum(-1)
+        original = (torch.isfinite(gpt.filter_logits(logits, top_k=top_k))
+                    & torch.isfinite(gpt.filter_logits(logits, top_p=top_p))).sum(-1)
+        assert (right == 1).all() and (original == 2).all()
+
+
+def test_check_beam_search_calls_the_refilled_beam_of_the_cited_paper_another_variant():
+    """Issue 34: the exercise cites Sutskever et al., whose beam is refilled to beam_size; the message says which
+    variant this exercise asks for, and never calls the paper's search a mistake."""
+    namespace = {"torch": torch}
+    exec(_BEAM.replace("[: beam_size - len(finished)]", "[: beam_size]").replace(  # noqa: S102 - test fixture
+        "if len(y) == 0:", "if len(y) == 0 or len(finished) >= beam_size:"), namespace)
+    with pytest.raises(CheckError) as err:
+        check_beam_search(namespace["beam_search"])
+    message = str(err.value)
+    assert "Sutskever" in message and "this exercise asks for the variant" in message, message
+    assert not re.search(r"\bare wrong\b|mistake|must narrow", message), message
+    assert_no_answer_in(message, solution=("01_seq2seq_bottleneck", "beam_search"))

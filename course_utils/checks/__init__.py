@@ -86,8 +86,6 @@ from course_utils.checks.self_attention import (
     WORKED_EXAMPLE_STATEMENTS,
     check_scaled_dot_product_attention,
     check_spot_the_error,
-    explain_worked_example,
-    WORKED_EXAMPLE_WRONG,
 )
 from course_utils.checks.deep_stacks import check_gradient_norm_per_block
 from course_utils.checks.transformer import (
@@ -140,9 +138,7 @@ __all__ = [
     "check_split_heads",
     "check_tensor",
     "WORKED_EXAMPLE_STATEMENTS",
-    "WORKED_EXAMPLE_WRONG",
     "describe",
     "expect_failure",
     "passed",
-    "explain_worked_example",
 ]

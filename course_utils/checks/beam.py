@@ -91,7 +91,8 @@ _DESIGNED = [  # (what the model does, its table {y_{i-1}: {y_i: p}}, k, max_len
       _E: {_EOS: 0.95}}, 2, 4),
     ("a model whose best hypothesis finishes after a worse one (beam_size = 2)",
      {1: {_A: 0.6, _EOS: 0.35}, _A: {_EOS: 0.9}}, 2, 3),
-    ("a model where the beam must narrow after a hypothesis finishes (beam_size = 2)",
+    ("a model where a beam that narrows as hypotheses finish and a beam refilled to beam_size disagree "
+     "(beam_size = 2)",
      {1: {_A: 0.9, _EOS: 0.05}, _A: {_B: 0.5, _C: 0.45}, _B: {_A: 0.26, _C: 0.24, _D: 0.21, _E: 0.19, _EOS: 0.08},
       _C: {_EOS: 0.99}}, 2, 3),
     ("a model where a prefix cut at max_len is more likely than every finished hypothesis (beam_size = 2)",
@@ -108,8 +109,9 @@ _DESIGNED = [  # (what the model does, its table {y_{i-1}: {y_i: p}}, k, max_len
 _MISTAKES = {
     "no sum": "the extensions were ranked by the new token's log-probability alone; a prefix's score is the sum "
               "over all its tokens, so add the new token's log-probability to its prefix's score",
-    "keeps k": "the beam kept beam_size prefixes after a hypothesis had finished; each finished hypothesis takes "
-               "one of the beam_size places, so the beam narrows by one",
+    "keeps k": "the beam kept beam_size prefixes after a hypothesis had finished, refilled as in Sutskever et al.'s "
+               "decoder. That is a beam search too, but this exercise asks for the variant in which each finished "
+               "hypothesis keeps one of the beam_size places, so the beam narrows by one (step 3)",
     "stops at first": "the search stopped when the first hypothesis wrote <eos>; it goes on until the beam is empty or "
                       "the prefixes have max_len tokens",
     "first finished": "the answer is the first hypothesis that finished, but it must be the one with the highest score",
@@ -134,8 +136,9 @@ def check_beam_search(fn: Callable[..., Any], seed: int = 0, B: int = 4, S: int 
     decoding. Then on decoders built to be first-order Markov chains, where each usual
     mistake changes the answer (:data:`_DESIGNED`): greedy's first choice leads
     nowhere, a prefix's score must add up its tokens, the best hypothesis finishes
-    after a worse one, the beam must narrow, a prefix cut at max_len beats the finished
-    ones, ``<eos>`` is the best first token (k = 3 and k = 1), and exact ties between
+    after a worse one, the beam narrows (this exercise's variant; Sutskever et al.'s
+    beam is refilled, and is named as the other variant), a prefix cut at max_len
+    beats the finished ones, ``<eos>`` is the best first token (k = 3 and k = 1), and exact ties between
     two interchangeable tokens (any tie-breaking is accepted). Then random decoders whose
     logits read only their state (:data:`_STATE_CASES`), where an extension that does
     not continue from its parent's state changes the answer. Last, k = 8 on a
@@ -268,14 +271,16 @@ def _beam_case(fn: Callable[..., Any], model: seq2seq.Seq2Seq, src: torch.Tensor
     for change, mistake in _MISTAKES.items():
         variant = _search(model, src, lengths, k, max_len, change)
         if all(mine[b] == variant[b] for b in wrong) and variant != want:
-            raise CheckError(f"{where}{rows} are wrong: {mistake}")
+            # a beam refilled to beam_size is the cited paper's own search: another variant, not a wrong one
+            verdict = "differ from this exercise's answer" if change == "keeps k" else "are wrong"
+            raise CheckError(f"{where}{rows} {verdict}: {mistake}")
     if any(_EOS not in mine[b] and len(mine[b]) < max_len for b in wrong):
         raise CheckError(f"{where}{rows} are wrong, and some end without <eos> before max_len = {max_len} tokens: "
                          "did the search stop while prefixes were still in the beam?")
     more = [b for b in wrong if scores[b] > want_scores[b]]
     raise CheckError(f"{where}{rows} are not the hypothesis that the beam search of the statement finds. " + (
-        f"Yours is more likely in rows {more}: does the beam keep more than beam_size prefixes, counting the "
-        "finished ones?"
+        f"Yours is more likely in rows {more}: does the beam keep more prefixes than step 3 of this exercise "
+        "allows, beam_size minus the hypotheses finished so far?"
         if more else "A more likely one is in reach of the beam: is a good prefix dropped, or a finished one lost?"))
 
 

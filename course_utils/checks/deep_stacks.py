@@ -13,8 +13,10 @@ from course_utils.core.errors import CheckError
 from course_utils.checks.flow import exercise_check
 
 
-def _stack_gradients(seed: int, N: int, D: int, unused: bool) -> dict[str, torch.Tensor | None]:
-    """The gradients of a random stack of N encoder blocks, named as nn.ModuleList names them."""
+def _stack_gradients(seed: int, N: int, D: int, unused: bool,
+                     without: tuple[int, ...] = ()) -> dict[str, torch.Tensor | None]:
+    """The gradients of a random stack of N encoder blocks, named as nn.ModuleList names them; ``unused``: some
+    gradients None; ``without``: the blocks whose gradients are all None (a block the loss does not depend on)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         stack = torch.nn.ModuleList(transformer.TransformerEncoderBlock(D, 2, 2 * D, norm_first=bool(k % 2))
@@ -27,6 +29,9 @@ def _stack_gradients(seed: int, N: int, D: int, unused: bool) -> dict[str, torch
         grads = dict(zip(names, torch.autograd.grad((h * weights).sum(), params)))
     if unused:  # parameters the loss does not depend on: no gradient at all
         for name in list(grads)[:: max(1, len(grads) // 3)]:
+            grads[name] = None
+    for name in grads:
+        if int(name.split(".")[0]) in without:
             grads[name] = None
     return grads
 
@@ -56,7 +61,15 @@ def _gradient_suspects(grads: dict[str, torch.Tensor | None], N: int) -> dict[st
             norms(exact, keep=lambda name, g: g.dim() >= 2),
         "only the weights were counted: every parameter whose name ends in .bias was left out":
             norms(exact, keep=lambda name, g: not name.endswith(".bias")),
+        f"{_SKIPPED} the norms of the blocks that have one moved up to the first places": (
+            [v for v in right if v > 0] + [0.0] * sum(v == 0 for v in right)),
     }
+
+
+_SKIPPED = "a block without a gradient (every gradient of its parameters None) lost its place in the list:"
+_PLACES = ("a block without a gradient (every gradient of its parameters None) still has its place in the list, "
+           "with the norm 0. The list has num_layers entries, block k at index k, whichever blocks appear with a "
+           "gradient in grads")
 
 
 @exercise_check
@@ -66,7 +79,9 @@ def check_gradient_norm_per_block(fn: Callable[..., Any], seed: int = 0, N: int 
     ``grads`` holds the gradients of a random stack of N encoder blocks, named as
     ``nn.ModuleList(blocks).named_parameters()`` names them (``"11.self_attn.q_proj.weight"``);
     with N >= 11 a name's prefix is ambiguous. Then the same with some gradients None,
-    and with N = 1.
+    then with N = 4 in which blocks 1 and 3 have no gradient at all (every gradient of
+    theirs None: their norms are 0, at their places, and the list still has num_layers
+    entries, the last block's included), and with N = 1.
 
     Raises:
         CheckError: Naming the likely bug.
@@ -74,11 +89,13 @@ def check_gradient_norm_per_block(fn: Callable[..., Any], seed: int = 0, N: int 
     __tracebackhide__ = True  # noqa: F841
     from course_utils.experiments import deep_stacks
 
-    cases = [(f"a stack of {N} blocks", N, False), (f"a stack of {N} blocks, some gradients None", N, True),
-             ("a stack of 1 block", 1, False)]
+    cases = [(f"a stack of {N} blocks", N, False, ()), (f"a stack of {N} blocks, some gradients None", N, True, ()),
+             ("a stack of 4 blocks in which blocks 1 and 3 have no gradient (all their gradients None)", 4, False,
+              (1, 3)),
+             ("a stack of 1 block", 1, False, ())]
     with reference_guard(fn, deep_stacks.gradient_norm_per_block):
-        for description, n, unused in cases:
-            grads = _stack_gradients(seed, n, D, unused)
+        for description, n, unused, without in cases:
+            grads = _stack_gradients(seed, n, D, unused, without)
             copies = {name: None if g is None else g.clone() for name, g in grads.items()}
             expected = deep_stacks.gradient_norm_per_block(grads, n)
             got = call(fn, grads, n, name="gradient_norm_per_block", expected=f"a list of {n} floats, one per block",
@@ -89,6 +106,9 @@ def check_gradient_norm_per_block(fn: Callable[..., Any], seed: int = 0, N: int 
                 raise CheckError("gradient_norm_per_block changed a gradient in place: it only measures")
             if isinstance(got, torch.Tensor) and got.dim() == 1:
                 got = got.tolist()
+            if without and isinstance(got, (list, tuple)) and len(got) != n:
+                raise CheckError(f"for {description}, gradient_norm_per_block returned {len(got)} values for "
+                                 f"num_layers = {n}: {_PLACES}")
             if not isinstance(got, (list, tuple)) or len(got) != n:
                 raise CheckError(f"for {description}, gradient_norm_per_block returned {describe(got)}: expected a "
                                  f"list of {n} floats, one per block")
@@ -106,6 +126,8 @@ def check_gradient_norm_per_block(fn: Callable[..., Any], seed: int = 0, N: int 
             for mistake, variant in _gradient_suspects(grads, n).items():
                 if close(values, variant) and not close(variant, expected):
                     raise CheckError(f"for {description}: {mistake}")
+            if without and not close([values[k] for k in without], [0.0] * len(without)):
+                raise CheckError(f"for {description}, the blocks without a gradient did not get 0: {_PLACES}")
             worst = max(range(n), key=lambda k: abs(values[k] - expected[k]))
             raise CheckError(f"for {description}, block {worst} got {values[worst]:.4g}, not its gradient norm: "
                              "collect the squares of every gradient that belongs to the block, then take the root")

@@ -199,17 +199,29 @@ def _online_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T: in
 # --- exercise 2: causal attention in tiles, the tiles above the diagonal skipped ---------------------
 
 
+# The functions that exponentiate or normalise scores: in tiled attention each one sees at most one tile's scores.
+_EXPONENTIALS = frozenset({"exp", "exp_", "exp2", "exp2_", "special_exp2", "softmax", "_softmax", "special_softmax",
+                           "log_softmax", "_log_softmax", "special_log_softmax", "logsumexp", "special_logsumexp"})
+
+
 class _SquareWatch(TorchFunctionMode):
     """While a learner's function runs: the first tensor a torch function returns with two axes of at least T
-    (a (T, T) matrix), and whether PyTorch's fused attention was called."""
+    (a (T, T) matrix), whether PyTorch's fused attention was called, and the largest input that one call of
+    ``exp``, ``softmax`` or ``logsumexp`` took (``widest``: its name and number of entries)."""
 
     def __init__(self, T: int) -> None:
         super().__init__()
         self.T, self.found, self.fused = T, None, False
+        self.widest: tuple[str, int] = ("", 0)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         self.fused = self.fused or func is F.scaled_dot_product_attention
+        name = getattr(func, "__name__", "")
+        if name in _EXPONENTIALS:
+            scores = args[0] if args else (kwargs or {}).get("input")
+            if isinstance(scores, torch.Tensor) and scores.numel() > self.widest[1]:
+                self.widest = (name, scores.numel())
         if self.found is None:
             for t in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(t, torch.Tensor) and sum(n >= self.T for n in t.shape) >= 2:
@@ -281,7 +293,10 @@ def check_causal_tiled_attention(fn: Callable[..., Any], seed: int = 0, B: int =
     at or below the diagonal. The work is measured while the function runs:
     its matrix products (``FlopCounterMode``) must not come close to those of
     every tile, and no tensor with two axes of T (the scores, weights or mask of
-    every pair) may appear. Then scores of about ±200, where exp overflows
+    every pair) may appear, and no call of ``exp``, ``softmax`` or ``logsumexp`` may take
+    more scores than one tile holds (C × C for each sequence and head): a query block's
+    keys go through the online softmax one tile at a time, not through one ordinary
+    softmax. Then scores of about ±200, where exp overflows
     without the running maximum. At the sizes asked for, at B = 1, H = 1, with T
     a multiple of C and not, C = 1, C = T, C > T, T = 1, and with 3-D (B, T, D)
     and 2-D (T, D) inputs.
@@ -397,6 +412,14 @@ def _causal_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T: in
             f"out is right, but your matrix products did {flops / causal:.1f} times the multiply-adds of the tiles at "
             f"or below the diagonal ({sizes}): tiles above the diagonal were computed (and masked away). Skip them: "
             "query block i needs only the key blocks up to its own")
+    op, widest = watch.widest
+    if n > 1 and widest > batch * C * C:
+        raise CheckError(
+            f"out is right, but one call of `{op}` took {widest // batch} scores of one sequence"
+            f"{' and head' * (len(lead) > 1)} at once, more than a tile holds, C × C = {C * C} ({sizes}): a query "
+            "block's keys went through one ordinary softmax together, not one tile at a time. Fold each tile's "
+            "scores in on their own with online_softmax_update (exercise 1), which never needs more than one tile "
+            "at once")
     # Scores of about ±200: exp overflows float32 (above about 88) unless taken relative to the running maximum.
     big_q, big_k = 10 * q, 10 * k
     big_out, _ = run(big_q, big_k, v, C)

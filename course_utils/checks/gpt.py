@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +41,7 @@ def _classes_on_dimension_1(fn: Callable[..., Any], seed: int) -> bool:
 
     With T != V that raises a shape error; here T = V, so it runs, and gives that value."""
     g = torch.Generator().manual_seed(seed)
-    model = _tiny_model(4, 5, seed)
+    model = _tiny_model(4, 4, seed)  # a context of T = 4 positions, as in the exercise
     tokens = torch.randint(0, 4, (3, 5), generator=g)  # B = 3, T = V = 4
     try:
         got = call(fn, model, tokens, name="next_token_loss")
@@ -53,13 +54,37 @@ def _classes_on_dimension_1(fn: Callable[..., Any], seed: int) -> bool:
             and not torch.allclose(wrong, right, atol=1e-5))
 
 
+_WHOLE_WINDOW = ("the model was run on the whole window of T + 1 = {T1} tokens, and its last position dropped "
+                 "afterwards. The model's context holds T = {T} positions, so it cannot read the window's last token, "
+                 "which is only ever a target: the notebook's model, with a context of 64, raises on windows of 65. "
+                 "Give the model the T tokens whose next token it predicts")
+
+
+def _reads_the_whole_window(fn: Callable[..., Any], seed: int, B: int, T: int, V: int) -> bool:
+    """Whether ``fn`` runs the model on all T + 1 tokens and drops the last position: with a context of T + 1
+    it then returns the right loss (a causal model's first T positions do not see the last token)."""
+    g = torch.Generator().manual_seed(seed)
+    model = _tiny_model(V, T + 1, seed)
+    tokens = torch.randint(0, V, (B, T + 1), generator=g)
+    try:
+        got = call(fn, model, tokens, name="next_token_loss")
+    except CheckError:
+        return False
+    with torch.no_grad():
+        right = gpt.next_token_loss(model, tokens)
+    return isinstance(got, torch.Tensor) and got.shape == () and torch.allclose(got.detach(), right, atol=1e-5)
+
+
 @exercise_check
 def check_next_token_loss(fn: Callable[..., Any], seed: int = 0, B: int = 3, T: int = 5, V: int = 7) -> None:
     """Check a learner's ``next_token_loss(model, tokens)`` (notebook 10, exercise 1).
 
     Runs it on a small causal model and windows of T + 1 random tokens;
-    compares the loss and its gradient with respect to every parameter. At the
-    sizes asked for, then at B = 1, T = 1 and sizes that all differ.
+    compares the loss and its gradient with respect to every parameter. The
+    model's context is T positions, exactly what the model reads (as the
+    notebook trains a context of 64 on windows of 65), so an answer that runs the
+    model on the whole window fails as it would in the notebook, and is named.
+    At the sizes asked for, then at B = 1, T = 1 and sizes that all differ.
 
     Raises:
         CheckError: Naming the likely bug.
@@ -74,7 +99,7 @@ def check_next_token_loss(fn: Callable[..., Any], seed: int = 0, B: int = 3, T: 
 def _next_token_loss_once(fn: Callable[..., Any], seed: int, B: int, T: int, V: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
-    model = _tiny_model(V, T + 1, seed)
+    model = _tiny_model(V, T, seed)  # its context: the T tokens it reads, not the T + 1 of a window
     tokens = torch.randint(0, V, (B, T + 1), generator=g)
     copy = tokens.clone()
     expected = gpt.next_token_loss(model, tokens)
@@ -103,6 +128,8 @@ def _next_token_loss_once(fn: Callable[..., Any], seed: int, B: int, T: int, V: 
     except CheckError:
         if _classes_on_dimension_1(fn, seed):
             raise CheckError(_CLASSES) from None
+        if _reads_the_whole_window(fn, seed, B, T, V):
+            raise CheckError(_WHOLE_WINDOW.format(T=T, T1=T + 1)) from None
         raise
     if not torch.equal(tokens, copy):
         raise CheckError("next_token_loss changed tokens in place: slice it, do not write into it")
@@ -136,7 +163,11 @@ def check_filter_logits(fn: Callable[..., Any], seed: int = 0, B: int = 4, V: in
     Tries neither (the logits unchanged), top-k alone (k = 1, a middle k, k = V),
     top-p alone (p close to 0, middle values, p = 1), both together, a single
     row of shape (V,) and a (2, B, V) batch, and compares which tokens stay,
-    their values and that ``logits`` is unchanged.
+    their values and that ``logits`` is unchanged. Both together also on rows
+    designed so that the order matters (:func:`_order_case`): top-p on the
+    softmax of the k logits left by top-k keeps fewer tokens than top-p on the
+    original distribution, which is what top-p applied before top-k, or after it
+    without renormalising, measures.
 
     Raises:
         CheckError: Naming the likely bug.
@@ -152,6 +183,8 @@ def check_filter_logits(fn: Callable[..., Any], seed: int = 0, B: int = 4, V: in
     def check_once(rows: torch.Tensor) -> None:
         for top_k, top_p in (cases if rows is logits else [(k_mid, None), (None, 0.7)]):
             _check_filter_case(fn, rows, top_k, top_p)
+        if V >= 3:
+            _check_filter_case(fn, *_order_case(tuple(rows.shape), seed))
 
     leading = ("the code assumes a fixed number of axes: the vocabulary is the last one, whatever the number of "
                "leading axes")
@@ -160,6 +193,24 @@ def check_filter_logits(fn: Callable[..., Any], seed: int = 0, B: int = 4, V: in
                            (f"a single row, (V,) = {(V,)}", {"rows": logits[0]}, leading),
                            (f"(2, B, V) = {(2, B, V)} logits", {"rows": batches}, leading)])
     passed("filter_logits")
+
+
+def _order_case(shape: tuple[int, ...], seed: int) -> tuple[torch.Tensor, int, float]:
+    """Logits of ``shape`` (V >= 3) and (top_k, top_p) for which the order of the two filters matters.
+
+    Every row holds the same logits, 0, -1 and V - 2 values from -1.5 down to -4, in its own
+    random order. With k = 2, the softmax of the two logits left gives the most likely token
+    about 0.73; the original distribution gives it at most about 0.63. A p between the two
+    (rounded to 2 decimals) keeps one token when top-p follows top-k and renormalises, and two
+    when top-p measures the original distribution.
+    """
+    V = shape[-1]
+    values = torch.cat([torch.tensor([0.0, -1.0]), torch.linspace(-1.5, -4.0, V - 2)])  # (V,), distinct
+    g = torch.Generator().manual_seed(seed)
+    rows = values[torch.argsort(torch.rand(math.prod(shape[:-1]), V, generator=g), dim=-1)]  # (rows, V)
+    first = torch.softmax(values, dim=-1)[0].item()  # the most likely token's probability, originally
+    after_top_k = torch.softmax(values[:2], dim=-1)[0].item()  # and among the two left by top-k
+    return rows.reshape(shape), 2, round((first + after_top_k) / 2, 2)
 
 
 def _check_filter_case(fn: Callable[..., Any], logits: torch.Tensor, top_k: int | None, top_p: float | None) -> None:
@@ -186,6 +237,14 @@ def _check_filter_case(fn: Callable[..., Any], logits: torch.Tensor, top_k: int 
     if (rows_got.sum(-1) == 0).any():
         raise CheckError(f"filter_logits({what}) removed every token of a row, so nothing can be sampled: the most "
                          "likely token always stays")
+    if not torch.equal(keep, got_keep) and top_k is not None and top_p is not None:
+        original = (torch.isfinite(gpt.filter_logits(logits, top_k=top_k))
+                    & torch.isfinite(gpt.filter_logits(logits, top_p=top_p)))  # top-p on the original distribution
+        if torch.equal(got_keep, original):
+            raise CheckError(f"filter_logits({what}) keeps too many tokens: top-p summed the probabilities of the "
+                             "original distribution, which is what it measures when it acts before top-k, or after "
+                             "top-k without renormalising. With both, top-k acts first, and top-p works on the softmax "
+                             "of the logits that are left (renormalised over those k tokens)")
     if not torch.equal(keep, got_keep):
         row = int((rows_keep != rows_got).any(-1).nonzero()[0])
         n_want, n_got = int(rows_keep[row].sum()), int(rows_got[row].sum())

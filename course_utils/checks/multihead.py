@@ -6,10 +6,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from course_utils.blocks import attention, masks, multihead
 from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
                                      shape_cases, sweep)
+from course_utils.checks.inspection import course_function
 from course_utils.core.errors import CheckError
 from course_utils.checks.flow import exercise_check
 
@@ -20,27 +23,86 @@ def check_split_heads(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B: 
     """Check a learner's ``split_heads(x, num_heads) -> (B, H, T, Dh)`` (notebook 05, exercise 1).
 
     Forward and backward, at the sizes asked for, then at B = 1, T = 1, H = 1 and
-    sizes that all differ.
+    sizes that all differ. Then how it is written: the exercise asks for the split
+    "without a loop over the heads", so the tensor operations it makes are counted
+    for H = 2 and H = 5 heads of the same width (:func:`_split_without_a_loop`).
 
     Raises:
         CheckError: Naming the likely bug, in particular a ``view`` straight to
-            the head shape, which scrambles tokens across heads.
+            the head shape, which scrambles tokens across heads, and heads cut
+            out one at a time.
     """
     __tracebackhide__ = True  # noqa: F841
-    _check_heads(fn, multihead.split_heads, _split_heads_once, seed, {"B": B, "T": T, "H": H, "Dh": Dh})
+    _check_heads(fn, multihead.split_heads, _split_heads_once, seed, {"B": B, "T": T, "H": H, "Dh": Dh},
+                 written=_split_without_a_loop)
 
 
 def _check_heads(fn: Callable[..., Any], reference: Callable[..., Any], once: Callable[..., None], seed: int,
-                 dims: dict[str, int]) -> None:
+                 dims: dict[str, int], written: Callable[[Callable[..., Any], int], None] | None = None) -> None:
     """Run ``once(fn, seed, **sizes)`` at the sizes asked for, then with B, T and H each set to 1, then at sizes
-    that all differ; ``fn`` must not be or call ``reference``."""
+    that all differ; then ``written(fn, seed)``, if given (how the function is written); ``fn`` must not be or call
+    ``reference``."""
     __tracebackhide__ = True  # noqa: F841
     distinct = {"B": 2, "T": 3, "H": 4, "Dh": 5}
     with reference_guard(fn, reference):
         sweep(lambda **sizes: once(fn, seed, **sizes),
               shape_cases(dims, ones=tuple(letter for letter in dims if letter != "Dh"),
                           distinct={letter: distinct[letter] for letter in dims}))
+        if written is not None:
+            written(fn, seed)
     passed(reference.__name__)
+
+
+class _TensorOps(TorchFunctionMode):
+    """Counts the torch functions and tensor methods called while it is active (``x.shape`` and ``x[...]`` too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+# Operations that make one tensor per head, or join per-head tensors: the heads are handled one at a time.
+_PER_HEAD = frozenset({"stack", "cat", "concat", "concatenate", "hstack", "vstack", "dstack", "column_stack",
+                       "row_stack", "chunk", "split", "tensor_split", "unbind", "split_with_sizes", "unsafe_chunk",
+                       "unsafe_split", "hsplit", "vsplit", "dsplit"})
+_NO_LOOP = ("The exercise asks for the split without a loop over the heads: all H heads at once, by giving the "
+            "numbers a new shape and a new order of axes (section 1), whatever the number of heads")
+
+
+def _split_without_a_loop(fn: Callable[..., Any], seed: int) -> None:
+    """Reject a ``split_heads`` that handles the heads one at a time (the values were right).
+
+    Its tensor operations are counted for H = 2 and for H = 5 heads of the same width: a
+    split without a loop over the heads makes the same operations whatever H is, and none
+    that cuts a tensor into pieces or joins pieces (``torch.stack``, ``torch.cat``,
+    ``chunk``, ``split``, ``unbind``). A view, ``reshape``, ``unflatten``, ``transpose``,
+    ``permute``, ``movedim`` or ``contiguous`` passes, in any combination. Nothing is
+    counted for the course's own functions (the out-of-kernel grader's proxy, whose
+    operations run in another process).
+    """
+    __tracebackhide__ = True  # noqa: F841
+    if course_function(fn):
+        return
+    g = torch.Generator().manual_seed(seed)
+    counts = {}
+    for H in (2, 5):
+        x = torch.randn(2, 3, H * 3, generator=g)  # (B, T, D) with Dh = 3
+        with _TensorOps() as ops:
+            call(fn, x, H, name="split_heads", expected=f"a (B, H, T, Dh) = {(2, H, 3, 3)} tensor")
+        joined = sorted(_PER_HEAD.intersection(ops.names))
+        if joined:
+            raise CheckError(f"the heads are right, but split_heads builds them one at a time: it cuts x into one "
+                             f"piece per head, or joins per-head pieces ({', '.join(f'`{name}`' for name in joined)}), "
+                             f"a loop over the heads even when one call hides it. {_NO_LOOP}")
+        counts[H] = len(ops.names)
+    if counts[5] != counts[2]:
+        raise CheckError(f"the heads are right, but split_heads makes {counts[2]} tensor operations for H = 2 heads "
+                         f"and {counts[5]} for H = 5 (indexing included): some are made once per head, a loop over "
+                         f"the heads (a for loop, a comprehension or map). {_NO_LOOP}")
 
 
 def _split_heads_once(fn: Callable[[torch.Tensor, int], Any], seed: int, B: int, T: int, H: int, Dh: int) -> None:
@@ -139,6 +201,10 @@ def _mha_variant(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pr
     return (merged if no_out_proj else out_proj(merged)), weights
 
 
+_SDPA_RULED_OUT = ("the values are right, but your function calls scaled_dot_product_attention (the course's, or "
+                   "PyTorch's F.scaled_dot_product_attention), which the exercise rules out: it chooses the scale of "
+                   "the scores for you, and that choice is the one this exercise asks you to make. Compute the scores "
+                   "with @, scale them as you decide, and normalise them with masked_softmax")
 _LENGTHS = ("key and value may be longer than query (S != T): take their length from their own shape, not from "
             "query's; the mask may have any shape that broadcasts to (B, H, T, S)")
 
@@ -162,9 +228,12 @@ def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2
     with three different tensors and a padding mask of shape (B, 1, 1, S); the
     other mask shapes the text allows ((T, S), (B, 1, T, S), (B, H, T, S)); a
     backward pass. At the sizes asked for, then at B = 1, H = 1 and sizes that
-    all differ. ``split_heads``, ``merge_heads`` and ``scaled_dot_product_attention``
-    of the course may be used; the exercise asks for the scores and their scale to be written out, with
-    ``masked_softmax``.
+    all differ. ``split_heads`` and ``merge_heads`` of the course may be used; the
+    exercise asks for the scores and their scale to be written out, with
+    ``masked_softmax``, so a call of ``scaled_dot_product_attention`` (the course's
+    or PyTorch's ``F.scaled_dot_product_attention``, also through
+    ``nn.MultiheadAttention``) is rejected, at any depth (the reference guard's
+    profile hook).
 
     Raises:
         CheckError: Naming the likely bug: the wrong split, a merge without
@@ -174,7 +243,8 @@ def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2
             more with the mask's head axis taken away).
     """
     __tracebackhide__ = True  # noqa: F841
-    with reference_guard(fn, multihead.multi_head_attention, multihead.MultiHeadAttention.forward):
+    ruled_out = dict.fromkeys((attention.scaled_dot_product_attention, F.scaled_dot_product_attention), _SDPA_RULED_OUT)
+    with reference_guard(fn, multihead.multi_head_attention, multihead.MultiHeadAttention.forward, ruled_out=ruled_out):
         sweep(lambda B, T, S, D, H: _mha_once(fn, seed, B, T, S, D, H),
               shape_cases({"B": B, "T": T, "S": S, "D": D, "H": H}, ones=("B", "H"),
                           distinct={"B": 2, "T": 3, "S": 4, "D": 12, "H": 3}))

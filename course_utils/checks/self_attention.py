@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -204,18 +206,41 @@ WORKED_EXAMPLE_STATEMENTS: dict[int, str] = {
     7: "Each row of the 3 × 3 weight matrix sums to 1.",
     8: "Without a mask, the output z_0 depends on all three tokens.",
 }
-_STATEMENT_FEEDBACK: dict[int, str] = {
-    1: "x_0 has 4 entries and q_0 has 3, so x_0 W_Q needs W_Q of shape 4 × 3 (D × Dk)",
-    2: "a (4,) row times a 4 × 3 matrix is a (3,) vector",
-    3: "one score per (query i, key j) pair: T × S = 3 × 3",
-    4: "a sigmoid treats each score alone; the weights of one query must be a softmax over all its keys, "
-       "so that they sum to 1",
-    5: "the divisor is √Dk, the width of a key (3 here), not the number of features of a token",
-    6: "z_i mixes the values of all tokens j: Σ_j w_ij v_j",
-    7: "the softmax runs over the keys of each query, so each row sums to 1",
-    8: "every weight of a softmax is positive, so every value contributes",
-}
-WORKED_EXAMPLE_WRONG = frozenset({1, 4, 5, 6})
+# No answer key is stored here, in any form a learner's kernel could import and read: the checker knows the right
+# set only by a salted SHA-256 of its canonical form (its numbers, sorted, joined by commas), and the explanation of
+# every statement is stored encrypted with a key derived the same way from the right set. A learner's set that is
+# right opens the explanation; any other set opens nothing. (Eight statements make 256 sets, which a loop over the
+# checker can try: a search the checker cannot prevent, but no key to read.)
+_SALT = b"attention course, notebook 03, spot the error: "
+_WRONG_COUNT = 4  # how many statements are wrong: the exercise says so
+_RIGHT_SET_SHA256 = "97face0361e8a92c27487a4958627e91c477bbba8e0db6c9744379843be4dc9c"
+_EXPLANATION = (  # "N. right|wrong: why." for N = 1..8, XOR a SHA-256 keystream of the right set, base64
+    "TZNqwSdTCljVzhZzqHE6wXhG971Nt3Ka+epNqaoJL9sHL04RIUU6C1k5Q5YiYI2qSRTszYYowpXkHFR4g8B7sx8XF49gK5AljDV5"
+    "RRf2455EBOmuum37receF3hJ8c53sgRuN5NVXa8reWkk5U7cTkTBV595HuFgL19k+/fahkajGjeZacRBcXFfY55ljg0aruZosecM"
+    "HozHaapwllOezGupvO5A26aJyVcDl2bPHEaAxVBxcDCYvExgFswVGcW9N2U0loZpTHNUbBv/4Sdja2P+bPw0ykZw6AtNyF/h46mT"
+    "/kjvkr2fA75OUoBxPziXiuunn69PmdmQFrXm/98IyoJ/HQDnFqjVlKH8JPLLO0j3PA7/nZFuBHiJlVK18uvKbrZWspjTH7ENx+Nl"
+    "2sfwJ/vJJpeuugT5U9IA9m8CKllz9vGJOfczQ9w1o++RMtoj8hiSg7ZR2ksW3vpR9VdLdoooAlIFbXbJrMEVG/HixEq7BZ24j5No"
+    "RiKDzLqnrciYXR3Cg9QfKoHQxlybaQa6lKl12XonQPUpogospy7zA+fg6k2KvmlKBD0xzYJw9j/y+8kGJ/G1LCmUvdZ5zBOp48aL"
+    "tSQgNr9WObc3hSUU98V0trd1PoS/7TYt1ke26qdFZAN1sKCQjsLffcomYqUYeEy+DddVFQl4cPrHElibcu+/5geDaJ/UnkCYKWzp"
+    "5EvcoWSPlZwidsyGrDbf6Mp62aRjKJNBW/9+CeaVvwQIlGAGOFqK+5oEXzCmGSRG0ZkeQiLxV0nRQ5r10KhhVKUaQ5Cr9Wy5Xxom"
+    "omUgIIgy0OGu6/IUImb1Zkg3jwK0J87qb3NRX/rsLy5hyWnSHoDjTlc72q5Blcs1aLXLpc6zSdFcYfCLtNtEHg=="
+)
+
+
+def _canonical(numbers: set[int]) -> bytes:
+    return ",".join(str(n) for n in sorted(numbers)).encode()
+
+
+def _is_right(numbers: set[int]) -> bool:
+    return hashlib.sha256(_SALT + b"check " + _canonical(numbers)).hexdigest() == _RIGHT_SET_SHA256
+
+
+def _explanation(numbers: set[int]) -> str:
+    """The explanation of every statement, opened with the right set (call it only once ``_is_right(numbers)``)."""
+    key = hashlib.sha256(_SALT + b"key " + _canonical(numbers)).digest()
+    data = base64.b64decode(_EXPLANATION)
+    stream = b"".join(hashlib.sha256(key + i.to_bytes(4, "big")).digest() for i in range(len(data) // 32 + 1))
+    return bytes(a ^ b for a, b in zip(data, stream)).decode()
 
 
 @exercise_check
@@ -226,6 +251,8 @@ def check_spot_the_error(answer: Any) -> None:
     with the number of wrong statements (which the exercise states), never how
     many or which of its numbers are right: so no sequence of tries, one-element
     sets included, learns more than "exactly right or not" about any statement.
+    The right set is told why each statement is right or wrong: the explanation
+    opens with that set (see ``_EXPLANATION``); nothing importable holds the key.
 
     Raises:
         CheckError: Saying that the set is not yet right, and how its size compares.
@@ -245,8 +272,8 @@ def check_spot_the_error(answer: Any) -> None:
             raise CheckError(f"{item!r} is not a statement number: use the integers 1 to "
                              f"{len(WORKED_EXAMPLE_STATEMENTS)}")
         numbers.add(item)
-    if numbers != WORKED_EXAMPLE_WRONG:
-        n, wrong = len(numbers), len(WORKED_EXAMPLE_WRONG)
+    if not _is_right(numbers):
+        n, wrong = len(numbers), _WRONG_COUNT
         if n < wrong:
             size = (f"your set has {n} number{'' if n == 1 else 's'} and {wrong} statements are wrong, so at least "
                     f"{wrong - n} wrong statement{'' if wrong - n == 1 else 's'} {'is' if wrong - n == 1 else 'are'} "
@@ -260,11 +287,20 @@ def check_spot_the_error(answer: Any) -> None:
         raise CheckError(f"not yet the set of wrong statements: {size}. The check judges the set as a whole and never "
                          "says which numbers are off. Test each statement against section 7's worked example again")
     passed("spot the error")
+    cell = _cell()
+    if cell is None or cell != _EXPLAINED_IN.get("cell"):  # once per notebook cell (the hidden tests check twice)
+        _EXPLAINED_IN["cell"] = cell
+        print("What is right or wrong in each statement, and why:\n" + _explanation(numbers))
 
 
-def explain_worked_example() -> str:
-    """What is right or wrong in each statement of the worked example, as markdown (for after the exercise)."""
-    return "\n".join(
-        f"{n}. {'**wrong**' if n in WORKED_EXAMPLE_WRONG else 'right'}: {_STATEMENT_FEEDBACK[n]}."
-        for n in WORKED_EXAMPLE_STATEMENTS
-    )
+_EXPLAINED_IN: dict[str, int | None] = {}
+
+
+def _cell() -> int | None:
+    """The execution count of the notebook cell that runs now, or None outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return None if shell is None else shell.execution_count

@@ -113,8 +113,28 @@ def _layer_norm_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T
                     wrt={0: "x", 1: "weight", 2: "bias"}, what="the normalised tokens", seed=seed, atol=1e-4, rtol=1e-3)
 
 
-def _black_box_blocks(D: int) -> list[tuple[str, bool, bool, Callable[[torch.Tensor], torch.Tensor]]]:
-    """(description, pre-LN?, LayerNorms changed?, the block as a plain function of x) for ``check_is_pre_ln``."""
+# The LayerNorms of the black-box blocks: (label, gain, spread of the random shifts). None: a new LayerNorm's 1 and 0;
+# a float: every gain that value (5 makes what the sublayers add outweigh the input); a pair: gains mean ± spread.
+_NORMS = (("gain 1, shift 0", None, 0.0), ("gains about 1, random shifts", (1.0, 0.5), 0.5),
+          ("gain 5, random shifts", 5.0, 2.0), ("gain 0.2, random shifts", 0.2, 2.0))
+
+
+def _set_norms(module: torch.nn.Module, D: int, gain: float | tuple[float, float] | None, shift: float) -> None:
+    """Give every LayerNorm of ``module`` (the course's or PyTorch's) the gains and shifts of one row of ``_NORMS``."""
+    if gain is None:
+        return
+    with torch.no_grad():
+        for norm in module.modules():
+            if isinstance(norm, (transformer.LayerNorm, torch.nn.LayerNorm)):
+                norm.weight.copy_(gain[0] + gain[1] * torch.randn(D) if isinstance(gain, tuple)
+                                  else torch.full((D,), gain))
+                norm.bias.copy_(shift * torch.randn(D))
+
+
+def _black_box_blocks(D: int) -> list[tuple[str, bool, str, Callable[[torch.Tensor], torch.Tensor]]]:
+    """(description, pre-LN?, the LayerNorms' gains and shifts, the block as a plain function of x) for
+    ``check_is_pre_ln``: the course's encoder and decoder blocks with every row of ``_NORMS``, and PyTorch's encoder
+    layer with the default LayerNorms and with gain 5."""
     sources = torch.randn(2, 7, D)  # (2, S, D): what the decoder blocks read
 
     def memory(x: torch.Tensor) -> torch.Tensor:
@@ -124,23 +144,20 @@ def _black_box_blocks(D: int) -> list[tuple[str, bool, bool, Callable[[torch.Ten
     cases = []
     for norm_first in (False, True):
         kind = "pre-LN" if norm_first else "post-LN"
-        for learned in (False, True):
+        for norms, gain, shift in _NORMS:
             encoder = transformer.TransformerEncoderBlock(D, 2, 2 * D, norm_first=norm_first).eval()
             decoder = transformer.TransformerDecoderBlock(D, 2, 2 * D, norm_first=norm_first).eval()
-            if learned:
-                with torch.no_grad():
-                    for module in list(encoder.modules()) + list(decoder.modules()):
-                        if isinstance(module, transformer.LayerNorm):
-                            module.weight.copy_(1.0 + 0.5 * torch.randn(D))
-                            module.bias.copy_(0.5 * torch.randn(D))
-            norms = "gain and shift not 1 and 0" if learned else "gain 1, shift 0"
-            cases.append((f"a {kind} encoder block ({norms})", norm_first, learned,
-                          lambda x, block=encoder: block(x)))
-            cases.append((f"a {kind} decoder block ({norms})", norm_first, learned,
+            _set_norms(encoder, D, gain, shift)
+            _set_norms(decoder, D, gain, shift)
+            cases.append((f"a {kind} encoder block ({norms})", norm_first, norms, lambda x, block=encoder: block(x)))
+            cases.append((f"a {kind} decoder block ({norms})", norm_first, norms,
                           lambda x, block=decoder: block(x, memory(x))))
-        theirs = torch.nn.TransformerEncoderLayer(D, 2, 2 * D, dropout=0.0, batch_first=True,
-                                                  norm_first=norm_first).eval()
-        cases.append((f"a {kind} nn.TransformerEncoderLayer", norm_first, False, lambda x, block=theirs: block(x)))
+        for norms, gain, shift in (_NORMS[0], _NORMS[2]):
+            theirs = torch.nn.TransformerEncoderLayer(D, 2, 2 * D, dropout=0.0, batch_first=True,
+                                                      norm_first=norm_first).eval()
+            _set_norms(theirs, D, gain, shift)
+            cases.append((f"a {kind} nn.TransformerEncoderLayer ({norms})", norm_first, norms,
+                          lambda x, block=theirs: block(x)))
     return cases
 
 
@@ -150,7 +167,9 @@ def check_is_pre_ln(fn: Callable[..., Any], seed: int = 0, D: int = 16) -> None:
 
     The blocks are plain functions from (B, T, D) to (B, T, D), for any B:
     encoder and decoder blocks of the course and of PyTorch, pre-LN and post-LN, with
-    LayerNorms whose gain and shift are the defaults (1 and 0) or random.
+    LayerNorms whose gain and shift are the defaults (1 and 0), random near 1, large
+    (5, with random shifts: the sublayers then add more than the input carries) or
+    small (0.2), as the exercise says "whatever the gains and shifts".
 
     Raises:
         CheckError: Naming the blocks that were misjudged and, where it can, the likely bug.
@@ -167,7 +186,7 @@ def _is_pre_ln_blocks(fn: Callable[..., Any], seed: int, D: int) -> None:
         torch.manual_seed(seed)
         cases = _black_box_blocks(D)
     wrong, answers = [], []
-    for description, pre_ln, learned, block in cases:
+    for description, pre_ln, norms, block in cases:
         got = call(fn, block, D, name="is_pre_ln", expected="True (pre-LN) or False (post-LN)",
                    error_hint="block is a plain function from (B, T, D) to (B, T, D): you can call it, "
                               "but it has no attributes to read")
@@ -178,7 +197,7 @@ def _is_pre_ln_blocks(fn: Callable[..., Any], seed: int, D: int) -> None:
                              "False (post-LN)")
         answers.append(got)
         if got != pre_ln:
-            wrong.append((description, pre_ln, learned))
+            wrong.append((description, pre_ln, norms))
     if not wrong:
         return
     if len(set(answers)) == 1:
@@ -189,11 +208,18 @@ def _is_pre_ln_blocks(fn: Callable[..., Any], seed: int, D: int) -> None:
                          "and pre-LN for every post-LN block")
     said = ", ".join(f"{description} (your answer: {'pre' if not pre_ln else 'post'}-LN)"
                      for description, pre_ln, _ in wrong)
-    if all(not pre_ln and learned for _, pre_ln, learned in wrong):
+    if all(not pre_ln and norms != _NORMS[0][0] for _, pre_ln, norms in wrong):
         raise CheckError(f"is_pre_ln misjudged {said}. It judged the post-LN blocks right only while their last "
                          "LayerNorm had gain 1 and shift 0. With another gain and shift, a post-LN block's output "
                          "tokens need not have mean 0 and variance 1, so a test of the output's statistics "
                          "cannot tell the placements apart")
+    if all(pre_ln and norms != _NORMS[0][0] for _, pre_ln, norms in wrong):
+        raise CheckError(f"is_pre_ln misjudged {said}. It judged the pre-LN blocks right only while their "
+                         "LayerNorms' gains and shifts were small. With a gain of 5 (or large shifts) the sublayers "
+                         "add more to the output than the input itself carries, and what they add does not grow with "
+                         "the input (each reads a LayerNorm of it), so an input made a little larger leaves a pre-LN "
+                         "block's output almost as it was, as a post-LN block's. The test must hold whatever the "
+                         "gains and shifts")
     raise CheckError(f"is_pre_ln misjudged {said}")
 
 
