@@ -172,14 +172,21 @@ def _reads_attributes(block, D):
     return block.norm_first
 
 
-def _doubling(block, D):  # a test that also works: twice the input, about twice the output only for pre-LN
+def _doubling(block, D):  # wrong: twice the input gives about twice the output only while the gains are small
     x = torch.randn(2, 5, D)
     with torch.no_grad():
         return bool(block(2 * x).norm() > 1.5 * block(x).norm())
 
 
+def _thousandfold(block, D):  # right whatever the gains: a pre-LN block's output grows with its input, post-LN's not
+    x = torch.randn(2, 5, D)
+    with torch.no_grad():
+        return bool(block(1000 * x).norm() > 100 * block(x).norm())
+
+
 IS_PRE_LN_BUGS = [
     (_by_statistics, "need not have mean 0 and variance 1"),
+    (_doubling, "right only while their LayerNorms' gains and shifts were small"),
     (lambda block, D: True, "returned True for every block"),
     (lambda block, D: False, "returned False for every block"),
     (lambda block, D: not transformer.is_pre_ln(block, D), "the wrong way round"),
@@ -200,7 +207,7 @@ def test_check_is_pre_ln_names_the_bug(buggy, fragment):
 def test_check_is_pre_ln_accepts_other_right_answers_and_keeps_the_random_state(seed, capsys):
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    check_is_pre_ln(_doubling, seed=seed)
+    check_is_pre_ln(_thousandfold, seed=seed)
     solution = notebook_solution("07_transformer_block", "is_pre_ln")
     check_is_pre_ln(lambda block, D: torch.tensor(solution(block, D)), seed=seed)  # a bool tensor is fine
     assert capsys.readouterr().out.count("all checks passed") == 2
