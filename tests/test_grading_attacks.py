@@ -21,11 +21,13 @@ from __future__ import annotations
 import copy
 import csv
 import io
+import json
 import os
 import pickle
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -108,6 +110,48 @@ class _Listener:
 _OUTSIDE_TMP = "/var/tmp"
 
 
+def _plant_clones(token: str) -> list[Path]:
+    """Copies of the course where a second checkout or a CI runner's workspace would be: beside this
+    course, in /opt and /srv, and in /var/tmp (those of them that can be written here); each holds notebook
+    00 with its solutions, a ``.git`` folder and a file named ``token``."""
+    planted = []
+    for parent in (ROOT.parent, Path("/opt"), Path("/srv"), Path(_OUTSIDE_TMP)):
+        try:
+            clone = Path(tempfile.mkdtemp(prefix="course-clone-", dir=parent))
+        except OSError:
+            continue
+        (clone / "notebooks").mkdir()
+        shutil.copy(NOTEBOOKS[0], clone / "notebooks")
+        (clone / ".git").mkdir()
+        (clone / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+        (clone / token).write_text("a second copy of the course")
+        planted.append(clone)
+    assert planted, "no folder to plant a copy of the course in"
+    return planted
+
+
+# The answer of a student who walks the whole file system the sandbox shows, for notebooks, .git folders
+# and the copies of the course planted by _plant_clones (found by the token file), and prints what it found.
+EXPLORE = '''import json, os, sys
+notebooks, gits, clones, folders = [], [], [], 0
+environment = tuple(os.path.realpath(p) + os.sep for p in {{sys.prefix, sys.base_prefix}})
+for folder, subfolders, files in os.walk("/"):
+    if folder in ("/proc", "/sys", "/dev"):
+        subfolders[:] = []
+        continue
+    folders += 1
+    gits += [os.path.join(folder, d) for d in subfolders if d == ".git"]
+    notebooks += [os.path.join(folder, f) for f in files
+                  if f.endswith(".ipynb") and not os.path.join(folder, f).startswith(environment)]
+    clones += [folder for f in files if f == {token!r}]
+print("EXPLORED " + json.dumps({{"notebooks": notebooks, "git": gits, "clones": clones, "folders": folders,
+                                 "top": sorted(os.listdir("/")), "course": sorted(os.listdir({course!r}))}}))
+
+def double(x):
+    return 2 * x
+'''
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """Grade a class of attackers once; return (results by student, folders, listener).
@@ -131,6 +175,8 @@ def graded(tmp_path_factory):
     outside.mkdir()
     listener = _Listener()
     marker = f"attack-daemon-{base.name}"
+    token = f"clone-token-{base.name}"
+    clones = _plant_clones(token)
     students = {
         "honest": _with_solution(instructor, "def double(x):\n    return x + x"),
         "unsolved": released,
@@ -148,7 +194,7 @@ def graded(tmp_path_factory):
                                           "def double(x):\n    return 2 * x"),
         # a daemon that outlives the grading and writes afterwards
         "daemon": _with_solution(instructor, "import subprocess\nsubprocess.Popen(['sh', '-c', "
-                                             f"'exec -a {marker} sleep 8; echo late > {outside / 'late.txt'}'], "
+                                             f"'sleep 8; echo late > {outside / 'late.txt'}', '{marker}'], "
                                              "start_new_session=True)\ndef double(x):\n    return 2 * x"),
         # allocate memory without limit
         "memory": _with_solution(instructor, "block = bytearray(64 * 2**30)\ndef double(x):\n    return 2 * x"),
@@ -156,6 +202,8 @@ def graded(tmp_path_factory):
         "network": _with_solution(instructor, "import socket\ntry:\n    s = socket.create_connection(('127.0.0.1', "
                                               f"{listener.port}), timeout=2)\n    s.sendall(b'leak')\nexcept OSError:\n"
                                               "    pass\ndef double(x):\n    return 2 * x"),
+        # walk the whole file system for another copy of the course (its notebooks hold the solutions)
+        "explorer": _with_solution(instructor, EXPLORE.format(token=token, course=str(ROOT))),
         # shadow the checker and hide errors from the kernel: flagged for a human
         "tampers": _with_solution(instructor, "def check_double(fn):\n    print('ok')\n"
                                               "get_ipython().set_custom_exc((Exception,), lambda *a, **k: None)\n"
@@ -176,7 +224,11 @@ def graded(tmp_path_factory):
     nbformat.write(instructor, subs / "=HYPERLINK(0)" / f"{STEM}.ipynb")
     honest_before = (subs / "honest" / f"{STEM}.ipynb").read_bytes()
     started = time.time()
-    results = grading.autograde(subs, notebooks_dir=instructor_dir, course=base / "course", timeout=60)
+    try:
+        results = grading.autograde(subs, notebooks_dir=instructor_dir, course=base / "course", timeout=60)
+    finally:
+        for clone in clones:
+            shutil.rmtree(clone, ignore_errors=True)
     elapsed = time.time() - started
     listener_received = list(listener.received)
     listener.close()
@@ -185,7 +237,8 @@ def graded(tmp_path_factory):
         by.setdefault(r.student, r)
     try:
         yield {"results": by, "all": results, "subs": subs, "outside": outside, "marker": marker,
-               "received": listener_received, "honest_before": honest_before, "base": base, "elapsed": elapsed}
+               "received": listener_received, "honest_before": honest_before, "base": base, "elapsed": elapsed,
+               "clones": clones}
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -222,6 +275,26 @@ def test_the_instructors_notebooks_are_hidden(graded):
     autograded = graded["base"] / "course" / "autograded" / "reads_solutions" / STEM / f"{STEM}.ipynb"
     text = autograded.read_text(encoding="utf-8")
     assert "FileNotFoundError" in text and "BEGIN SOLUTION" not in text
+
+
+def test_a_submission_that_walks_the_file_system_finds_no_copy_of_the_course(graded):
+    """A blank submission scored 7/7 by finding another clone's 00_orientation.ipynb outside the folders the
+    sandbox hid and running its solution cells. The sandbox now shows an allow-list: the Python installation,
+    the system's libraries, the environment, the course's package and data, and its own work folder."""
+    r = graded["results"]["explorer"]
+    assert r.scores == {"double_tests": 3.0}, (r.failed, r.scores)
+    autograded = graded["base"] / "course" / "autograded" / "explorer" / STEM / f"{STEM}.ipynb"
+    line = next(line for cell in nbformat.read(autograded, as_version=4).cells if cell.cell_type == "code"
+                for out in cell.outputs for line in out.get("text", "").splitlines() if line.startswith("EXPLORED "))
+    found = json.loads(line.removeprefix("EXPLORED "))
+    assert found["folders"] > 1000, "the walk saw next to nothing: did it run?"
+    assert found["clones"] == [], f"copies of the course are visible: {found['clones']} (planted: {graded['clones']})"
+    assert found["notebooks"] == [], "notebooks outside the Python environment are visible"
+    assert found["git"] == [], "a .git folder (the course's history holds the solutions) is visible"
+    assert found["course"] == sorted(p.name for p in (ROOT / "course_utils", ROOT / "data", Path(sys.prefix))
+                                     if p.parent == ROOT), "of the course, only its package and data are shown"
+    assert set(found["top"]) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sandbox", "sys",
+                                 "tmp", "usr", *(p.parts[1] for p in (ROOT, Path(sys.prefix), Path(sys.base_prefix)))}
 
 
 def test_no_process_outlives_the_grading(graded):
@@ -552,3 +625,168 @@ def test_static_flags_look_only_at_what_the_student_wrote():
     assert static_flags(notebook("spot_the_error = {1, 2}", "spot_the_error", ""), release) == []
     shadowed = notebook("spot_the_error = {1}\ncheck_spot_the_error = print", "spot_the_error", "")
     assert static_flags(shadowed, release) == ["spot_the_error: redefines check_spot_the_error, which the tests use"]
+
+
+# --- Budgets per student (sandbox.Budget) -------------------------------------------------------------------------
+#
+# Each attack is an otherwise correct answer whose side effect would take the grading machine down: with JOBS=2,
+# 1,500 sleeping processes raised the machine's process count by 3,029 (the verdict's child runs the answer too),
+# three processes of 4 GiB each took 22.3 GiB of 23, sixteen files of 240 MiB took 7.5 GiB of disk. Now the kernel's
+# sandbox and the verdict child's share one budget per student's notebook; over it, both are killed and the notebook
+# fails with the reason, while the honest student graded beside it (JOBS=2) keeps full marks. All runs twice: with
+# a cgroup where this machine lets one be made (as root here; the watchdog where it does not), and with the watchdog
+# forced. The budgets are made small for the tests, through COURSE_GRADING_LIMITS as an instructor would.
+
+from course_utils.tooling import sandbox  # noqa: E402
+
+TEST_BUDGETS = "memory_budget=1GiB,process_budget=256,disk_budget=64MiB"
+CORRECT = "\ndef double(x):\n    return 2 * x\n"
+BUDGET_ATTACKS = {
+    # three processes of 400 MiB each (each far under the 6 GiB address space a process may have): 1.2 GiB
+    "memory": ("import subprocess, sys, time\nholders = [subprocess.Popen([sys.executable, '-c', "
+               "'import time; block = b\"x\" * (400 * 2**20); time.sleep(60)', '{marker}']) for _ in range(3)]\n"
+               "time.sleep(5)\n" + CORRECT,
+               "used more than 1 GiB of memory: stopped"),
+    # 1,500 sleeping processes (the process limit of prlimit does not bind root)
+    "processes": ("import subprocess, time\ntry:\n    for _ in range(1500):\n"
+                  "        subprocess.Popen(['sleep', '{marker}'])\nexcept OSError:\n    pass\n"
+                  "time.sleep(5)\n" + CORRECT,
+                  "started more than 256 processes: stopped"),
+    # sixteen files of 16 MiB in the work folder and /tmp (256 MiB in all)
+    "disk": ("import time\ntry:\n    for i in range(16):\n"
+             "        with open(('/tmp/' if i % 2 else '') + f'big{{i}}.bin', 'wb') as f:\n"
+             "            f.write(b'x' * (16 * 2**20))\nexcept OSError:\n    pass\ntime.sleep(5)\n" + CORRECT,
+             "wrote more than 64 MiB: stopped"),
+}
+
+
+def _cgroup_here() -> bool:
+    group = sandbox._Cgroup.make(sandbox.Limits())
+    if group is None:
+        return False
+    group.remove()
+    return True
+
+
+# One notebook per attack (copies of the tiny course under three names): the attacker hands in the three, the
+# honest student the three right answers. With JOBS=2 each student has a worker, and the attacker's notebooks, each
+# stopped within seconds, are all graded while the honest student's (about ten seconds each) are.
+BUDGET_STEMS = {"memory": "00_tiny", "processes": "01_tiny", "disk": "02_tiny"}
+
+
+@pytest.fixture(scope="module")
+def budget_course(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("budget-course")
+    for stem in BUDGET_STEMS.values():
+        nbformat.write(_instructor(), folder / f"{stem}.ipynb")
+    return folder
+
+
+@pytest.mark.parametrize("enforcer", ["cgroup where possible", "watchdog"])
+def test_a_notebook_over_its_budget_is_stopped_and_the_student_beside_keeps_full_marks(
+        enforcer, budget_course, tmp_path, monkeypatch):
+    marker = f"{3600 + len(enforcer)}.{os.getpid()}{time.monotonic_ns() % 10**6}"  # `sleep` takes it too
+    instructor = _instructor()
+    subs = tmp_path / "subs"
+    for attack, stem in BUDGET_STEMS.items():
+        for student, answer in (("attacker", BUDGET_ATTACKS[attack][0].format(marker=marker)),
+                                ("honest", "def double(x):\n    return x + x")):
+            (subs / student).mkdir(parents=True, exist_ok=True)
+            nbformat.write(_with_solution(instructor, answer), subs / student / f"{stem}.ipynb")
+    log = tmp_path / "budgets.jsonl"
+    monkeypatch.setenv(sandbox.LIMITS_ENV, TEST_BUDGETS + (",watchdog=1" if enforcer == "watchdog" else ""))
+    monkeypatch.setenv(sandbox.BUDGET_LOG_ENV, str(log))
+    results = grading.autograde(subs, notebooks_dir=budget_course, course=tmp_path / "course", timeout=60, jobs=2,
+                                progress=lambda line: None)
+    by = {(r.student, r.notebook): r for r in results}
+    table = grading.format_table(results, notebooks_dir=budget_course)
+    budgets = {entry["label"]: entry for entry in map(json.loads, log.read_text().splitlines())}
+    # One budget per student's notebook: its kernel's sandbox and its verdict child's counted together.
+    assert sorted(budgets) == sorted(f"{who}/{stem}" for who in ("attacker", "honest")
+                                     for stem in BUDGET_STEMS.values())
+    mode = "watchdog" if enforcer == "watchdog" or not _cgroup_here() else budgets["honest/00_tiny"]["mode"]
+    assert {e["mode"] for e in budgets.values()} == {mode} and mode in ("watchdog", "cgroup v1", "cgroup v2"), budgets
+    for attack, stem in BUDGET_STEMS.items():
+        reason = BUDGET_ATTACKS[attack][1]
+        honest, attacker = by[("honest", stem)], by[("attacker", stem)]
+        assert honest.scores == {"double_tests": 3.0} and not honest.failed, honest
+        assert budgets[f"honest/{stem}"]["breach"] == ""
+        assert attacker.failed == reason and attacker.scores == {} and attacker.total == 0, attacker
+        assert budgets[f"attacker/{stem}"]["breach"] == reason
+        assert attacker.seconds < 60, attacker.seconds  # stopped at once, not after its cells ran out of time
+        assert f"FAILED: {reason}" in table
+        page = (tmp_path / "course" / "feedback" / "attacker" / stem / f"{stem}.html").read_text(encoding="utf-8")
+        assert reason in page and "0 points" in page
+    # Both students started together, one per worker: the attacker's notebooks were all graded beside the honest's.
+    assert sum(by[("attacker", s)].seconds for s in BUDGET_STEMS.values()) < \
+        sum(by[("honest", s)].seconds for s in BUDGET_STEMS.values())
+    if mode.startswith("cgroup"):  # the kernel itself holds the sandboxes to the budget
+        assert budgets["attacker/01_tiny"]["tasks"] <= 256, "the 257th process is refused"
+        assert budgets["attacker/00_tiny"]["memory"] <= 2**30
+    alive = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    assert not alive.strip(), f"processes of the stopped notebooks still run: {alive}"
+
+
+@pytest.mark.parametrize("enforcer", ["cgroup where possible", "watchdog"])
+def test_the_kernel_and_the_verdict_child_share_one_budget(enforcer, tmp_path):
+    """Two sandboxes of one student's notebook (as its kernel and its verdict child run at once), 600 MiB each:
+    either alone fits in a budget of 1 GiB, together they do not, and both are stopped."""
+    limits = sandbox.Limits(memory_budget=2**30, watchdog=enforcer == "watchdog")
+    hold = [sys.executable, "-c", "import sys, time; block = b'x' * (600 * 2**20); print('held', flush=True); "
+                                  "time.sleep(60)"]
+    with sandbox.Budget(limits, poll=0.1) as budget:
+        first = budget.popen(sandbox.sandbox_command(hold, [], limits), stdout=subprocess.PIPE)
+        assert first.stdout.readline() == b"held\n" and not budget.check(), "600 MiB alone fits"
+        second = budget.popen(sandbox.sandbox_command(hold, [], limits), stdout=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while not budget.check() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert budget.breach == "used more than 1 GiB of memory: stopped"
+        assert first.wait(timeout=10) != 0 and second.wait(timeout=10) != 0, "both sandboxes are killed"
+        with pytest.raises(sandbox.BudgetExceeded, match="1 GiB of memory"):
+            budget.popen(sandbox.sandbox_command(hold, [], limits))
+    first.stdout.close()
+    second.stdout.close()
+
+
+def test_budgets_are_set_through_the_environment_and_say_what_is_wrong():
+    limits = sandbox.Limits.from_env({sandbox.LIMITS_ENV: "memory_budget=1.5GiB, process_budget=64,watchdog=yes"})
+    assert (limits.memory_budget, limits.process_budget, limits.watchdog) == (3 * 2**29, 64, True)
+    assert limits.disk_budget == sandbox.Limits().disk_budget
+    with pytest.raises(ValueError, match="unknown limit 'memory'"):
+        sandbox.Limits.from_env({sandbox.LIMITS_ENV: "memory=1GiB"})
+    with pytest.raises(ValueError, match="not a number or a size"):
+        sandbox.Limits.from_env({sandbox.LIMITS_ENV: "disk_budget=lots"})
+    assert [sandbox.size_text(n) for n in (4 * 2**30, 512 * 2**20, 3 * 2**29)] == ["4 GiB", "512 MiB", "1.5 GiB"]
+
+
+def test_where_the_machine_has_cgroup_v2_the_budget_is_a_cgroup_under_the_graders_own(tmp_path):
+    """This machine may have cgroup v1 only: a cgroup v2 hierarchy is stood in for by a folder, to check that the
+    budget's cgroup is made under the grader's own (found through the mount and /proc/self/cgroup) with the limits
+    of the budget and the whole group killed on running out of memory, and that the events are read."""
+    mount = tmp_path / "cgroup v2"
+    own = mount / "system.slice" / "grader.service"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("cpu io memory pids\n")
+    (own / "cgroup.subtree_control").write_text("memory pids\n")
+    limits = sandbox.Limits(memory_budget=2**30, process_budget=99)
+    group = sandbox._Cgroup.make(limits, [("cgroup2", "/", str(mount), "rw")], {"": "/system.slice/grader.service"})
+    try:
+        assert group is not None and group.version == 2 and group.folders[""].parent == own
+        folder = group.folders[""]
+        assert {name: (folder / name).read_text() for name in ("memory.max", "pids.max", "memory.oom.group")} == \
+            {"memory.max": str(2**30), "pids.max": "99", "memory.oom.group": "1"}
+        assert group.procs_files() == [folder / "cgroup.procs"]
+        assert (group.oom_kills(), group.pid_refusals()) == (0, 0)
+        (folder / "memory.events").write_text("low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 1\n")
+        (folder / "pids.events").write_text("max 3\n")
+        assert (group.oom_kills(), group.pid_refusals()) == (1, 3)
+    finally:
+        for file in group.folders[""].iterdir():
+            file.unlink()
+        group.remove()
+    assert [p.name for p in own.iterdir() if p.is_dir()] == [], "the budget's cgroup is removed"
+    # No memory and pids controllers for the grader's cgroup, and no cgroup v1: the watchdog is used.
+    (own / "cgroup.controllers").write_text("cpu io\n")
+    assert sandbox._Cgroup.make(limits, [("cgroup2", "/", str(mount), "rw")], {"": "/system.slice/grader.service"}) \
+        is None

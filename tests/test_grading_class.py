@@ -3,8 +3,9 @@
 * A copy of the course under /tmp, in a folder whose name has a space, grades
   a submission with full marks (the sandbox hides /tmp and shows the course
   and its environment again).
-* No sandbox sees another sandbox's work folder, wherever TMPDIR points; a
-  course or environment inside a hidden folder, and a grading folder that
+* No sandbox sees what another sandbox writes, nor the grader's TMPDIR,
+  wherever TMPDIR points; a sandbox shows only an allow-list of the machine;
+  a course or environment inside a hidden folder, and a grading folder that
   cannot be written, are refused before anyone is graded.
 * JOBS=2 gives the same table, grades.csv and feedback as one job, with a
   progress line per student; three shards merged give the same as one run,
@@ -154,26 +155,59 @@ def test_grading_from_a_copy_of_the_course_under_tmp_whose_path_has_a_space(subm
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _visible(path: Path, work: Path) -> bool:
-    command = sandbox.sandbox_command(["/bin/sh", "-c", f"test -e '{path}'"], work, [], sandbox.Limits())
+def _visible(path: Path) -> bool:
+    command = sandbox.sandbox_command(["/bin/sh", "-c", f"test -e '{path}'"], [], sandbox.Limits())
     return subprocess.run(command, capture_output=True).returncode == 0
 
 
 @pytest.mark.parametrize("tmpdir", ["/tmp", "/var/tmp"])
-def test_no_sandbox_sees_another_work_folder_wherever_tmpdir_points(tmpdir, monkeypatch):
+def test_no_sandbox_sees_another_sandboxs_work_wherever_tmpdir_points(tmpdir, monkeypatch):
+    """Each sandbox writes only to memory file systems of its own (its work folder, /tmp, /dev/shm): what one
+    student's code writes there, another's never sees, nor anything of the grader's TMPDIR."""
     monkeypatch.setattr(tempfile, "tempdir", tempfile.mkdtemp(prefix="tmpdir-", dir=tmpdir))
     monkeypatch.setattr(sandbox, "_WORK_ROOT", None)
     try:
-        with sandbox.work_folder("grade-") as mine, sandbox.work_folder("grade-") as theirs:
-            (Path(theirs) / "answer.txt").write_text("another student's work")
-            assert _visible(Path(mine), Path(mine)), "the sandbox must see its own work folder"
-            assert not _visible(Path(theirs) / "answer.txt", Path(mine)), "another student's work folder is visible"
-            assert not _visible(Path(theirs), Path(mine))
-            assert _visible(ROOT / "course_utils" / "__init__.py", Path(mine)), "the course must stay visible"
-            assert _visible(Path(sys.executable), Path(mine)), "the Python environment must stay visible"
+        grader_file = Path(tempfile.mkdtemp(prefix="grader-")) / "answer.txt"
+        grader_file.write_text("a file of the grader's")
+        writes = "for d in /sandbox /tmp /dev/shm; do echo mine > $d/answer.txt || exit 1; done; echo ok; sleep 30"
+        first = subprocess.Popen(sandbox.sandbox_command(["/bin/sh", "-c", writes], [], sandbox.Limits()),
+                                 stdout=subprocess.PIPE, start_new_session=True)
+        try:
+            assert first.stdout.readline() == b"ok\n", "a sandbox must write its work folder, /tmp and /dev/shm"
+            for seen in ("/sandbox/answer.txt", "/tmp/answer.txt", "/dev/shm/answer.txt", grader_file,
+                         grader_file.parent, sandbox.work_root()):
+                assert not _visible(seen), f"{seen} is visible from another sandbox"
+        finally:
+            os.killpg(first.pid, 9)
+            first.wait()
+            first.stdout.close()
+        assert _visible(ROOT / "course_utils" / "__init__.py"), "the course's package must stay visible"
+        assert _visible(Path(sys.executable)), "the Python environment must stay visible"
     finally:
         sandbox._WORK_ROOT = None
         shutil.rmtree(tempfile.tempdir, ignore_errors=True)
+
+
+def test_the_sandbox_shows_only_what_a_notebook_needs():
+    """An allow-list: every file a sandbox shows lies in the Python installation, the environment, the course's
+    package and data, the system's programs and libraries, a few files of /etc, or its own folders."""
+    shown = [str(p) for p in sandbox.shown_paths()]
+    allowed = [*shown, "/usr/bin", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/bin", "/lib", "/lib64",
+               "/lib32", "/libx32", "/etc/ld.so.cache", "/etc/fonts", "/etc/passwd", "/etc/group", "/etc/hosts",
+               "/sys/devices/system/cpu", "/sandbox", "/tmp", "/dev", "/proc"]
+    walk = ("import json, os, sys\nallowed = tuple(sys.argv[1:])\nodd = []\n"
+            "for folder, subs, files in os.walk('/'):\n"
+            "    if folder in ('/proc', '/dev', '/sys/devices/system/cpu'):\n        subs[:] = []\n"
+            "    odd += [p for p in (os.path.join(folder, n) for n in files + subs)\n"
+            "            if not any(p == a or p.startswith(a + '/') or a.startswith(p + '/') for a in allowed)]\n"
+            "print(json.dumps(odd))")
+    command = sandbox.sandbox_command([sys.executable, "-c", walk, *allowed], [], sandbox.Limits())
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == [], "the sandbox shows more than the allow-list"
+    for hidden in (ROOT / "notebooks", ROOT / ".git", ROOT / "tests", ROOT / "build", Path.home() / ".bashrc"):
+        assert not _visible(hidden), f"{hidden} is visible"
+    assert not _visible("/etc/shadow") and _visible("/etc/ld.so.cache")
 
 
 def test_an_environment_inside_a_hidden_folder_is_refused_before_grading():

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import html
 import io
 import logging
 import os
@@ -308,33 +309,52 @@ def _grade_notebook(api, course: Path, out: Path, student: str, stem: str, path:
     target.parent.mkdir(parents=True, exist_ok=True)
     graded_nb = assemble(submitted, released)
     nbformat.write(graded_nb, target)
-    judge = verdict.Judge(graded_nb, nbformat.read(source_nb, as_version=4), hide=hide, timeout=timeout)
-    judge.start()  # its child runs the notebook's context while nbgrader runs the kernel
-    with quiet():
-        outcome = api.autograde(stem, student, force=True, create=True)
-    log = outcome.get("log", "") + outcome.get("error", "")
-    unavailable = re.search(r"SandboxUnavailable: (.*)", log)
-    if unavailable:  # not this student's doing: stop grading the class with the reason
-        judge.close()
-        from course_utils.tooling.sandbox import SandboxUnavailable
+    from course_utils.tooling import sandbox
 
-        raise SandboxUnavailable(unavailable.group(1).strip())
-    failure = re.search(r"SandboxFailure: (.*)", log)
-    if failure or not outcome["success"]:
-        judge.close()
-    if failure:
-        return Result(student, stem, failed=failure.group(1).strip(), flags=flags)
-    if not outcome["success"]:
-        last = (outcome.get("error") or log).strip().splitlines()[-1:] or ["unknown error"]
-        saved = out / "logs" / f"{student}-{stem}.log"
-        saved.parent.mkdir(parents=True, exist_ok=True)
-        saved.write_text(log, encoding="utf-8")
-        return Result(student, stem, flags=flags, failed=f"nbgrader could not grade it ({last[0]}); ask the "
-                                                         f"instructor to read {saved}")
+    # One budget for the notebook's kernel and its verdict's child together (they run at the same time).
+    with sandbox.Budget(sandbox.Limits.from_env(), label=f"{student}/{stem}") as budget, sandbox.shared(budget):
+        judge = verdict.Judge(graded_nb, nbformat.read(source_nb, as_version=4), hide=hide, timeout=timeout,
+                              budget=budget)
+        judge.start()  # its child runs the notebook's context while nbgrader runs the kernel
+        with quiet():
+            outcome = api.autograde(stem, student, force=True, create=True)
+        log = outcome.get("log", "") + outcome.get("error", "")
+        unavailable = re.search(r"SandboxUnavailable: (.*)", log)
+        if unavailable:  # not this student's doing: stop grading the class with the reason
+            judge.close()
+            raise sandbox.SandboxUnavailable(unavailable.group(1).strip())
+        failure = re.search(r"SandboxFailure: (.*)", log)
+        if failure or not outcome["success"]:
+            judge.close()
+        if budget.check():  # over the budget: every process of both sandboxes was killed
+            return _stopped(course, student, stem, budget.breach, flags)
+        if failure:
+            return _stopped(course, student, stem, failure.group(1).strip(), flags)
+        if not outcome["success"]:
+            last = (outcome.get("error") or log).strip().splitlines()[-1:] or ["unknown error"]
+            saved = out / "logs" / f"{student}-{stem}.log"
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            saved.write_text(log, encoding="utf-8")
+            return Result(student, stem, flags=flags, failed=f"nbgrader could not grade it ({last[0]}); ask the "
+                                                             f"instructor to read {saved}")
+        outcomes = judge.run()
+        if budget.check():
+            return _stopped(course, student, stem, budget.breach, flags)
     points, gradebook_flags = scores(course / "gradebook.db", stem, student, exercises(source_nb))
-    points, verdict_flags = verdict.combine(points, judge.run())  # the score cannot exceed the verdict's
+    points, verdict_flags = verdict.combine(points, outcomes)  # the score cannot exceed the verdict's
     with quiet():  # the student's copy with a score and a comment under every graded cell
         api.generate_feedback(stem, student, force=True)
     return Result(student, stem, scores=points, flags=flags + gradebook_flags + verdict_flags,
                   written=written_questions.answers(graded_nb),
                   unmarked=[q.grade_id for q in written_questions.questions(source_nb)])
+
+
+def _stopped(course: Path, student: str, stem: str, reason: str, flags: list[str]) -> Result:
+    """A notebook whose run did not finish: FAILED with the reason (0 points), and a feedback page that says why."""
+    page = course / "feedback" / student / stem / f"{stem}.html"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(stem)}</title></head>"
+                    f"<body><h1>{html.escape(stem)}: 0 points</h1><p>Not graded: {html.escape(reason)}.</p>"
+                    "<p>Grading did not get to the end of this notebook, so none of its exercises was scored; "
+                    "fix what the reason says and hand it in again.</p></body></html>\n", encoding="utf-8")
+    return Result(student, stem, failed=reason, flags=flags)

@@ -6,9 +6,11 @@ test cells run: replace a checker or ``torch.allclose``, strip the checker
 calls with an IPython input transformer, drop the error messages. This module
 computes a second verdict that no code of the student's can reach.
 
-* **The child.** A process in the same sandbox as the notebook's kernel
-  (:mod:`course_utils.tooling.sandbox`: bubblewrap, prlimit, the instructor's
-  files hidden, no network, killed at the end; :mod:`.child`) runs the notebook's context in
+* **The child.** A process in a sandbox like the notebook's kernel's, and in
+  the same budget of memory, processes and bytes written
+  (:mod:`course_utils.tooling.sandbox`: bubblewrap, only what a notebook needs
+  shown, no network, killed at the end; :mod:`.child`; its plan comes in on
+  its standard input) runs the notebook's context in
   an IPython shell, in notebook order: the code cells of the ``## Setup``
   section, the cells tagged ``grading-context`` (:data:`CONTEXT_TAG`), and the
   ``## Exercises`` section without its test cells (the solution cells and the

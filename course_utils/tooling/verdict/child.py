@@ -1,6 +1,6 @@
 """The child: inside the sandbox, runs the notebook's context, then serves the grading process's requests.
 
-Started as ``python -m course_utils.tooling.verdict.child PLAN --in-fd N --out-fd M``
+Started as ``python -m course_utils.tooling.verdict.child --in-fd N --out-fd M`` (the plan on stdin)
 by :class:`course_utils.tooling.verdict.proxies.Child`. Everything here runs
 beside the student's code and is trusted by nobody: the grading process checks
 all it receives (:mod:`course_utils.tooling.verdict.transport`).
@@ -17,7 +17,6 @@ import struct
 import sys
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -218,14 +217,15 @@ def _where(exc: BaseException) -> str:
     return ""
 
 
-def serve(plan_path: Path, in_fd: int, out_fd: int) -> int:
-    """Inside the sandbox: run the notebook's context, keep what each test cell would see, then serve."""
+def serve(in_fd: int, out_fd: int) -> int:
+    """Inside the sandbox: run the notebook's context (its plan on stdin), keep what each test cell would see, serve."""
     global _SERVER
+    from course_utils.tooling.sandbox import read_stdin
+
     os.set_inheritable(in_fd, False)
     os.set_inheritable(out_fd, False)
     os.environ["MPLBACKEND"] = "Agg"
-    steps = json.loads(plan_path.read_text(encoding="utf-8"))
-    plan_path.unlink()  # nothing of the run's input stays readable to the student's code
+    steps = json.loads(read_stdin().decode("utf-8"))  # nothing of the run's input is on disk for the student's code
     server = _SERVER = _Server(in_fd, out_fd)
     torch.set_num_threads(1)
     from IPython.core.interactiveshell import InteractiveShell
@@ -257,12 +257,12 @@ def serve(plan_path: Path, in_fd: int, out_fd: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="(inside the sandbox) the child of the out-of-kernel verdict")
-    parser.add_argument("plan", type=Path)
+    parser = argparse.ArgumentParser(description="(inside the sandbox) the child of the out-of-kernel verdict; "
+                                                 "reads its plan (JSON) on stdin")
     parser.add_argument("--in-fd", type=int, required=True)
     parser.add_argument("--out-fd", type=int, required=True)
     args = parser.parse_args(argv)
-    return serve(args.plan, args.in_fd, args.out_fd)
+    return serve(args.in_fd, args.out_fd)
 
 
 if __name__ == "__main__":

@@ -165,7 +165,12 @@ class _Outgoing:
 class Child:
     """The sandboxed child process and the grading process's end of its pipes."""
 
-    def __init__(self, steps: tuple[dict, ...], hide: list[Path], limits: sandbox.Limits):
+    def __init__(self, steps: tuple[dict, ...], hide: list[Path], limits: sandbox.Limits, budget: sandbox.Budget):
+        """Start the child in a sandbox held to ``budget`` (shared with the notebook's kernel).
+
+        Raises:
+            sandbox.BudgetExceeded: If the budget was already exceeded (nothing is started).
+        """
         self.timeout_note = ""
         self.deadline = time.monotonic()
         self.callbacks: dict[int, Callable[..., Any]] = {}
@@ -174,26 +179,26 @@ class Child:
         self.alive = True
         self.errors: dict[int, str] = {}
         self.ready = False
-        self._tmp = sandbox.work_folder("verdict-")
-        work = Path(self._tmp.name)
-        for sub in ("tmp", "runtime", "ipython", "matplotlib"):
-            (work / sub).mkdir()
-        plan_path = work / "context.json"
-        plan_path.write_text(json.dumps(list(steps)), encoding="utf-8")
+        self.budget = budget
         to_child, self._from_grader = os.pipe()
         self._from_child, to_grader = os.pipe()
-        argv = [sys.executable, "-m", "course_utils.tooling.verdict.child", str(plan_path),
-                "--in-fd", str(to_child), "--out-fd", str(to_grader)]
+        argv = [sys.executable, "-m", "course_utils.tooling.verdict.child", "--in-fd", str(to_child),
+                "--out-fd", str(to_grader)]
         try:
-            self.process = subprocess.Popen(sandbox.sandbox_command(argv, work, hide, limits),
-                                            pass_fds=(to_child, to_grader), stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+            self.process = budget.popen(sandbox.sandbox_command(argv, hide, limits), pass_fds=(to_child, to_grader),
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except BaseException:
+            for fd in (self._from_grader, self._from_child):
+                os.close(fd)
+            raise
         finally:
             os.close(to_child)
             os.close(to_grader)
         os.set_blocking(self._from_grader, False)
         weakref.finalize(self, _stop, self.process)  # stopped even if nobody calls kill()
+        # The plan goes in on its standard input (nothing of it is on disk for the student's code).
+        threading.Thread(target=_feed, args=(self.process.stdin, json.dumps(list(steps)).encode()),
+                         daemon=True).start()
         self._log: collections.deque[bytes] = collections.deque(maxlen=16)  # the last 64 KB it printed
         self._drain = threading.Thread(target=self._drain_log, daemon=True)
         self._drain.start()
@@ -218,7 +223,6 @@ class Child:
             os.close(self._from_child)
             self._drain.join(timeout=5)
             self.process.stdout.close()
-            self._tmp.cleanup()
 
     def fail(self, reason: str) -> ChildFailure:
         self.kill()
@@ -274,6 +278,8 @@ class Child:
             self.process.wait(timeout=2)
         code = self.process.returncode
         self._drain.join(timeout=2)
+        if self.budget.check():  # the student's sandboxes went over their budget, and were all stopped
+            return self.fail(self.budget.breach)
         return self.fail(f"the grading child stopped (exit code {code}: it exited, or hit the memory or process "
                          f"limit); its last output: {self.log_tail()}")
 
@@ -458,6 +464,13 @@ class Child:
     def reset(self) -> None:
         if self.alive:
             self.request({"op": "reset"})
+
+
+def _feed(pipe, data: bytes) -> None:
+    """Write ``data`` to a child's standard input and close it (a child that died early reads nothing)."""
+    with contextlib.suppress(OSError):
+        with pipe:
+            pipe.write(data)
 
 
 def _stop(process: subprocess.Popen) -> None:

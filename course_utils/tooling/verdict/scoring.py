@@ -68,9 +68,13 @@ class Judge:
     """
 
     def __init__(self, graded: nbformat.NotebookNode, source: nbformat.NotebookNode, *, hide: list[Path] = (),
-                 timeout: float = 180, limits: sandbox.Limits = sandbox.Limits()):
+                 timeout: float = 180, limits: sandbox.Limits | None = None, budget: sandbox.Budget | None = None):
+        """``budget``: the one the notebook's kernel runs in too (by default the judge's own, with ``limits``)."""
         self.plan = plan(graded, source)
-        self.hide, self.timeout, self.limits = list(hide), timeout, limits
+        self.hide, self.timeout = list(hide), timeout
+        self.limits = limits or (budget.limits if budget is not None else sandbox.Limits.from_env())
+        self._own_budget = budget is None
+        self.budget = budget if budget is not None else sandbox.Budget(self.limits, label="verdict")
         self.child: Child | None = None
         self.setup_failure = ""
         self.started = 0.0
@@ -83,15 +87,27 @@ class Judge:
         self.close()
 
     def start(self) -> None:
-        """Start the child (it runs the notebook's context while the caller does something else)."""
-        if self.child is None and any(not c.uncovered for c in self.plan.checks):
-            self.child = Child(self.plan.steps, self.hide, self.limits)
+        """Start the child (it runs the notebook's context while the caller does something else).
+
+        Nothing starts once the budget is exceeded (every exercise then scores 0 with the reason).
+        """
+        if self.child is None and not self.budget.breach and any(not c.uncovered for c in self.plan.checks):
+            try:
+                self.child = Child(self.plan.steps, self.hide, self.limits, self.budget)
+            except sandbox.BudgetExceeded:
+                return
             self.started = time.monotonic()
 
-    def close(self) -> None:
+    def _stop_child(self) -> None:
         if self.child is not None:
             self.child.kill(grace=2.0)
             self.child = None
+
+    def close(self) -> None:
+        """Stop the child (and end the judge's own budget, if it has one)."""
+        self._stop_child()
+        if self._own_budget:
+            self.budget.close()
 
     def run(self) -> dict[str, Outcome]:
         """The verdict on every exercise of the notebook; the child is stopped at the end."""
@@ -109,13 +125,17 @@ class Judge:
             return Outcome(None, check.uncovered)
         if self.setup_failure:
             return Outcome(0.0, self.setup_failure)
+        if self.budget.breach:
+            return Outcome(0.0, self.budget.breach)
         self.start()
         child = self.child
+        if child is None:  # the budget was exceeded meanwhile
+            return Outcome(0.0, self.budget.breach or "the grading child could not be started")
         try:
             child.wait_ready(self._setup_deadline())
         except ChildFailure as exc:
             self.setup_failure = _short(str(exc))
-            self.close()
+            self._stop_child()
             return Outcome(0.0, self.setup_failure)
         child.deadline = time.monotonic() + self.timeout
         child.timeout_note = f" ({self.timeout:g} s for the checks of {check.grade_id}: a loop that never ends?)"
@@ -124,7 +144,7 @@ class Judge:
             value = self._execute(check, namespace)
             return Outcome(_partial(value, check.points))
         except ChildFailure as exc:
-            self.close()
+            self._stop_child()
             return Outcome(0.0, _short(str(exc)))
         except Exception as exc:  # noqa: BLE001 - a failed check, whatever raised it, scores 0
             return Outcome(0.0, _short(f"{type(exc).__name__}: {exc}"))
@@ -134,7 +154,7 @@ class Judge:
                 try:
                     self.child.reset()
                 except ChildFailure:
-                    self.close()
+                    self._stop_child()
 
     def _namespace(self, check: Check, child: Child) -> dict[str, Any]:
         namespace: dict[str, Any] = {"__name__": "__verdict__"}
