@@ -769,8 +769,13 @@ def test_where_the_machine_has_cgroup_v2_the_budget_is_a_cgroup_under_the_grader
     own.mkdir(parents=True)
     (own / "cgroup.controllers").write_text("cpu io memory pids\n")
     (own / "cgroup.subtree_control").write_text("memory pids\n")
+    (own / "course-grading-4999999-3").mkdir()  # left by a grader that was killed (no such process)
+    (own / f"course-grading-{os.getpid()}-999").mkdir()  # a live grader's
     limits = sandbox.Limits(memory_budget=2**30, process_budget=99)
     group = sandbox._Cgroup.make(limits, [("cgroup2", "/", str(mount), "rw")], {"": "/system.slice/grader.service"})
+    assert not (own / "course-grading-4999999-3").exists(), "a dead grader's empty cgroup is removed"
+    assert (own / f"course-grading-{os.getpid()}-999").is_dir(), "a live grader's is kept"
+    (own / f"course-grading-{os.getpid()}-999").rmdir()
     try:
         assert group is not None and group.version == 2 and group.folders[""].parent == own
         folder = group.folders[""]
@@ -790,3 +795,20 @@ def test_where_the_machine_has_cgroup_v2_the_budget_is_a_cgroup_under_the_grader
     (own / "cgroup.controllers").write_text("cpu io\n")
     assert sandbox._Cgroup.make(limits, [("cgroup2", "/", str(mount), "rw")], {"": "/system.slice/grader.service"}) \
         is None
+
+
+def test_the_bytes_written_are_counted_only_in_the_sandboxs_own_folders():
+    """The watcher reaches a sandbox's /tmp through /proc/<pid>/root of its first process; while bwrap still sets
+    the sandbox up, that is the machine's /tmp. Two honest notebooks were stopped for having "written" the
+    machine's disk that way (under load, when setting up is slow). A process tree outside any sandbox counts 0."""
+    outside = subprocess.Popen(["/bin/sh", "-c", "sleep 30; true"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not Path(f"/proc/{outside.pid}/task/{outside.pid}/children").read_text().split():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        budget = sandbox.Budget(sandbox.Limits(disk_budget=2**20))
+        assert budget._disk([outside.pid]) == 0
+    finally:
+        os.killpg(outside.pid, 9)
+        outside.wait()

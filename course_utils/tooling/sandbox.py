@@ -436,12 +436,22 @@ def _own_cgroups() -> dict[str, str]:
 
 
 def _inside(mount_root: str, mount_point: str, path: str) -> Path | None:
-    """The folder of cgroup ``path`` under a mount of ``mount_root`` at ``mount_point`` (None when outside it)."""
+    """The folder of cgroup ``path`` under a mount of ``mount_root`` at ``mount_point`` (None when outside it).
+
+    Empty cgroups that a grader killed before it could remove them (its process is gone) are removed from it.
+    """
     root, own = Path(mount_root), Path(path)
     if not own.is_relative_to(root):
         return None
     folder = Path(mount_point) / own.relative_to(root)
-    return folder if folder.is_dir() else None
+    if not folder.is_dir():
+        return None
+    for stale in folder.glob("course-grading-*-*"):
+        pid = stale.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):
+                stale.rmdir()  # fails, as it should, while a process is left in it
+    return folder
 
 
 _NAMES = itertools.count()
@@ -738,21 +748,34 @@ class Budget:
         return [p.pid for p in self._processes if p.returncode is None]
 
     def _disk(self, roots: list[int]) -> int:
-        """Bytes held in the work folders, ``/tmp`` and ``/dev/shm`` of the budget's running sandboxes."""
-        used = 0
+        """Bytes held in the work folders, ``/tmp`` and ``/dev/shm`` of the budget's running sandboxes.
+
+        Each is reached through ``/proc/<pid>/root`` of the sandbox's first process, once that process has
+        moved into the sandbox's own root (before, the path would lead to the machine's ``/tmp``); a file
+        system larger than the sandbox's own mounts are is not one of them and is not counted.
+        """
+        used, largest = 0, self.limits.disk_budget + 2 * MiB
         for root in roots:
             inner = self._inner.get(root)
             if inner is None or not Path(f"/proc/{inner}").exists():
                 children = _read(Path(f"/proc/{root}/task/{root}/children")).split()
                 if not children:
                     continue
-                inner = self._inner[root] = int(children[0])
+                inner = int(children[0])
+                try:
+                    theirs, ours = os.stat(f"/proc/{inner}/root"), os.stat("/")
+                except OSError:
+                    continue
+                if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
+                    continue  # still setting the sandbox up
+                self._inner[root] = inner
             for mount in (WORK, Path("/tmp"), Path("/dev/shm")):
                 try:
                     stat = os.statvfs(f"/proc/{inner}/root{mount}")
                 except OSError:
                     continue
-                used += (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+                if stat.f_blocks * stat.f_frsize <= largest:
+                    used += (stat.f_blocks - stat.f_bfree) * stat.f_frsize
         return used
 
     def _exceeded(self, reason: str) -> None:
