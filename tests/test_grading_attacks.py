@@ -14,6 +14,14 @@ marks from its kernel before the out-of-kernel verdict
 (``course_utils.tooling.verdict``). The verdict's own defences (time, size,
 what is unpickled, hidden files) and its coverage of every exercise of the
 course are tested on it directly.
+
+Issue 34 added a student who walks the whole file system for another copy of
+the course (copies are planted beside the course, in /opt, /srv and /var/tmp),
+and attacks on the machine itself, each stopped by the budget of one student's
+notebook (``sandbox.Budget``) while an honest student graded beside it with
+``JOBS=2`` keeps full marks: processes holding more memory together than the
+budget, 1,500 sleeping processes, many large files. They run as root (as CI
+does), with a cgroup where one can be made and with the watchdog forced.
 """
 
 from __future__ import annotations
