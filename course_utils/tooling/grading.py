@@ -35,7 +35,8 @@ instructor's order, with only the student's solution cells (matched by their
 nbgrader ``grade_id``) taken from the submission. Anything else a student
 changed or added is ignored. Each notebook then runs in a sandbox
 (``course_utils.tooling.sandbox``: bubblewrap and prlimit, no network, a
-read-only file system with the instructor's files hidden, resource limits),
+an allow-list of the file system, read-only, and one budget of memory, processes
+and bytes written per student's notebook),
 and nbgrader computes the scores outside it. Solution cells that do what no
 answer needs (import the course's reference code, ``exec``, ``get_ipython``,
 subprocesses, files, sockets) are flagged for a human in the table and in
