@@ -34,7 +34,7 @@ What is graded is rebuilt from the release: the instructor's cells, in the
 instructor's order, with only the student's solution cells (matched by their
 nbgrader ``grade_id``) taken from the submission. Anything else a student
 changed or added is ignored. Each notebook then runs in a sandbox
-(``course_utils.tooling.sandbox``: bubblewrap and prlimit, no network, a
+(``course_utils.tooling.sandbox``: bubblewrap and prlimit, no network,
 an allow-list of the file system, read-only, and one budget of memory, processes
 and bytes written per student's notebook),
 and nbgrader computes the scores outside it. Solution cells that do what no
