@@ -646,6 +646,8 @@ def test_static_flags_look_only_at_what_the_student_wrote():
 # forced. The budgets are made small for the tests, through COURSE_GRADING_LIMITS as an instructor would.
 
 from course_utils.tooling import sandbox  # noqa: E402
+from course_utils.tooling.budget import _Cgroup  # noqa: E402
+from course_utils.tooling.limits import BUDGET_LOG_ENV, LIMITS_ENV, size_text  # noqa: E402
 
 TEST_BUDGETS = "memory_budget=1GiB,process_budget=256,disk_budget=64MiB"
 CORRECT = "\ndef double(x):\n    return 2 * x\n"
@@ -669,7 +671,7 @@ BUDGET_ATTACKS = {
 
 
 def _cgroup_here() -> bool:
-    group = sandbox._Cgroup.make(sandbox.Limits())
+    group = _Cgroup.make(sandbox.Limits())
     if group is None:
         return False
     group.remove()
@@ -702,8 +704,8 @@ def test_a_notebook_over_its_budget_is_stopped_and_the_student_beside_keeps_full
             (subs / student).mkdir(parents=True, exist_ok=True)
             nbformat.write(_with_solution(instructor, answer), subs / student / f"{stem}.ipynb")
     log = tmp_path / "budgets.jsonl"
-    monkeypatch.setenv(sandbox.LIMITS_ENV, TEST_BUDGETS + (",watchdog=1" if enforcer == "watchdog" else ""))
-    monkeypatch.setenv(sandbox.BUDGET_LOG_ENV, str(log))
+    monkeypatch.setenv(LIMITS_ENV, TEST_BUDGETS + (",watchdog=1" if enforcer == "watchdog" else ""))
+    monkeypatch.setenv(BUDGET_LOG_ENV, str(log))
     results = grading.autograde(subs, notebooks_dir=budget_course, course=tmp_path / "course", timeout=60, jobs=2,
                                 progress=lambda line: None)
     by = {(r.student, r.notebook): r for r in results}
@@ -758,14 +760,14 @@ def test_the_kernel_and_the_verdict_child_share_one_budget(enforcer, tmp_path):
 
 
 def test_budgets_are_set_through_the_environment_and_say_what_is_wrong():
-    limits = sandbox.Limits.from_env({sandbox.LIMITS_ENV: "memory_budget=1.5GiB, process_budget=64,watchdog=yes"})
+    limits = sandbox.Limits.from_env({LIMITS_ENV: "memory_budget=1.5GiB, process_budget=64,watchdog=yes"})
     assert (limits.memory_budget, limits.process_budget, limits.watchdog) == (3 * 2**29, 64, True)
     assert limits.disk_budget == sandbox.Limits().disk_budget
     with pytest.raises(ValueError, match="unknown limit 'memory'"):
-        sandbox.Limits.from_env({sandbox.LIMITS_ENV: "memory=1GiB"})
+        sandbox.Limits.from_env({LIMITS_ENV: "memory=1GiB"})
     with pytest.raises(ValueError, match="not a number or a size"):
-        sandbox.Limits.from_env({sandbox.LIMITS_ENV: "disk_budget=lots"})
-    assert [sandbox.size_text(n) for n in (4 * 2**30, 512 * 2**20, 3 * 2**29)] == ["4 GiB", "512 MiB", "1.5 GiB"]
+        sandbox.Limits.from_env({LIMITS_ENV: "disk_budget=lots"})
+    assert [size_text(n) for n in (4 * 2**30, 512 * 2**20, 3 * 2**29)] == ["4 GiB", "512 MiB", "1.5 GiB"]
 
 
 def test_where_the_machine_has_cgroup_v2_the_budget_is_a_cgroup_under_the_graders_own(tmp_path):
@@ -780,7 +782,7 @@ def test_where_the_machine_has_cgroup_v2_the_budget_is_a_cgroup_under_the_grader
     (own / "course-grading-4999999-3").mkdir()  # left by a grader that was killed (no such process)
     (own / f"course-grading-{os.getpid()}-999").mkdir()  # a live grader's
     limits = sandbox.Limits(memory_budget=2**30, process_budget=99)
-    group = sandbox._Cgroup.make(limits, [("cgroup2", "/", str(mount), "rw")], {"": "/system.slice/grader.service"})
+    group = _Cgroup.make(limits, [("cgroup2", "/", str(mount), "rw")], {"": "/system.slice/grader.service"})
     assert not (own / "course-grading-4999999-3").exists(), "a dead grader's empty cgroup is removed"
     assert (own / f"course-grading-{os.getpid()}-999").is_dir(), "a live grader's is kept"
     (own / f"course-grading-{os.getpid()}-999").rmdir()
@@ -801,7 +803,7 @@ def test_where_the_machine_has_cgroup_v2_the_budget_is_a_cgroup_under_the_grader
     assert [p.name for p in own.iterdir() if p.is_dir()] == [], "the budget's cgroup is removed"
     # No memory and pids controllers for the grader's cgroup, and no cgroup v1: the watchdog is used.
     (own / "cgroup.controllers").write_text("cpu io\n")
-    assert sandbox._Cgroup.make(limits, [("cgroup2", "/", str(mount), "rw")], {"": "/system.slice/grader.service"}) \
+    assert _Cgroup.make(limits, [("cgroup2", "/", str(mount), "rw")], {"": "/system.slice/grader.service"}) \
         is None
 
 

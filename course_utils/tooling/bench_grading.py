@@ -9,7 +9,7 @@ every exercise's checks run to the end, as for a good student). It is graded
 2. ``--students`` students with ``JOBS=1``, then with ``JOBS=2``: the speed-up.
 
 Every run must give full marks. The first run also records the peaks of each
-notebook's budget (``sandbox.Budget``: memory, processes and threads, bytes
+notebook's budget (``budget.Budget``: memory, processes and threads, bytes
 written, its kernel's sandbox and its verdict child's together). The table goes
 into the instructor guide, between its ``grading-bench`` markers (not with
 ``--no-guide``). The command exits with status 1 when one student takes more
@@ -35,13 +35,13 @@ from pathlib import Path
 
 from course_utils.tooling.autograder import NOTEBOOKS, ROOT, course_notebooks, exercises
 from course_utils.tooling.grading import autograde
-from course_utils.tooling.sandbox import BUDGET_LOG_ENV, MiB, Limits, size_text
+from course_utils.tooling.limits import BUDGET_LOG_ENV, MiB, Limits, size_text
 
 GUIDE = ROOT / "docs" / "instructor_guide.md"
 BEGIN, END = "<!-- BEGIN GENERATED: grading-bench -->", "<!-- END GENERATED: grading-bench -->"
 NOTEBOOK_BUDGET = 11.6  # seconds per notebook for one student: half of the 232 s ten notebooks took before
 SPEEDUP_FLOOR = 1.3  # JOBS=2 against JOBS=1 on a 2-core machine, where one job already keeps about 1.25 cores busy
-BUDGET_SHARE = 0.5  # an honest notebook may use at most this share of each budget of sandbox.Limits
+BUDGET_SHARE = 0.5  # an honest notebook may use at most this share of each budget of limits.Limits
 
 
 def _class(folder: Path, students: int, notebooks: list[Path]) -> Path:
@@ -196,7 +196,7 @@ def failures(m: dict) -> list[str]:
                             ("disk", limits.disk_budget)):
             if p[key] > budget * BUDGET_SHARE:
                 problems.append(f"{stem} used {p[key]:,} ({key}), more than {BUDGET_SHARE:.0%} of its budget "
-                                f"({budget:,}): raise the budget in sandbox.Limits, with the new measurement")
+                                f"({budget:,}): raise the budget in course_utils/tooling/limits.py, with the new measurement")
     return problems
 
 
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--students", type=int, default=4, help="students in the class for the speed-up")
     parser.add_argument("--peaks", nargs="*", metavar="STEM", default=None,
                         help="only measure the peaks (memory, processes, bytes written) of grading these notebooks "
-                             "(default: all), as the budgets in sandbox.Limits were chosen")
+                             "(default: all), as the budgets in limits.Limits were chosen")
     parser.add_argument("--no-guide", action="store_true", help="print the table, leave the instructor guide as it is")
     args = parser.parse_args(argv)
     (ROOT / "build").mkdir(exist_ok=True)
