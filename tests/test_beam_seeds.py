@@ -5,7 +5,8 @@ model and two retrained from other seeds (training seeds 0, 1 and 2), each searc
 beams of 3 and of 5 (beam_size), beam search moved exact match by -3 to +8 points at any
 source length, and that 99.4% to 100% of the wrong outputs were model errors (the model
 scores its wrong output above the target). The notebook runs seed 0 with beam_size 5; this
-test re-runs all six settings (about 75 s) and asserts those numbers.
+test re-runs all six settings (about 75 s) and asserts what those numbers show, with margins
+that another CPU's float path cannot break: a few points at most, 99% or more.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from course_utils.experiments.data import make_batch, reversal_vocab
 
 
 @pytest.mark.evidence("01", "beam search (beam_size 3 and 5) against greedy decoding on training seeds 0, 1 and 2: "
-                          "exact match moves little at any source length, and nearly all wrong outputs are model "
-                          "errors (the model scores its wrong output above the target)")
+                          "exact match moves by at most 12 points at any source length (-3 to +8 on the course "
+                          "machine) and stays at 5% or less from length 15 on, and 99% or more of the wrong outputs "
+                          "are model errors (the model scores its wrong output above the target; 99.4% to 100%)")
 def test_beam_search_moves_exact_match_little_and_the_wrong_outputs_are_model_errors():
     train_pairs, test_pairs = training.load_splits("reversal")
     vocab = reversal_vocab(10)
@@ -46,8 +48,15 @@ def test_beam_search_moves_exact_match_little_and_the_wrong_outputs_are_model_er
             gains += [beam[n] - run.accuracy[n] for n in run.accuracy]
             wrong = ~right
             shares.append(float((wrong & (scores > target_scores)).sum() / wrong.sum()))
+            # "it reverses almost none of the long inputs" (measured: none, on every seed and beam)
             assert max(beam[n] for n in range(15, 21)) <= 0.05, (seed, k)
-    # "exact match moved by -3 to +8 points at any length"
-    assert round(100 * min(gains)) >= -3 and round(100 * max(gains)) <= 8, (min(gains), max(gains))
-    # "99.4% to 100% of the wrong outputs were model errors"
-    assert min(shares) >= 0.994, shares
+    # Measured with MKL_CBWR=AVX2 and COMPATIBLE alike: gains from -0.03 to +0.08 and shares from 0.9944 (7 search
+    # errors in 1,256 wrong outputs) to 1 (ATEN_CPU_CAPABILITY=default moves a source: seed 1 from -0.01 to 0.00);
+    # seed 3, beyond the claim, -0.02 to +0.07 and 0.9928.
+    # One source more or less is a point at a length (100 sources each) and 0.0008 of a share, so the notebook's
+    # "-3 to +8 points" and "99.4% to 100%" are this machine's extremes, not bounds another CPU must meet.
+    # "Beam search moves exact match by a few points at most": fails if it moves any length by more than 12 points.
+    assert round(100 * max(abs(g) for g in gains)) <= 12, (min(gains), max(gains))  # in points of 100 sources
+    # "The model prefers every wrong output here to its target ... What fails is the model's ranking, not the
+    # search": fails if more than 1% of the wrong outputs of any setting are search errors.
+    assert min(shares) >= 0.99, shares

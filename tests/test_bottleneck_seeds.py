@@ -5,7 +5,9 @@ the bidirectional states at the last real token (so the right-to-left half has
 read one symbol only). Its model answer, for the instructor, quotes the
 per-output accuracy on sources of length 20 for that model and for the right
 one, retrained on seeds 0 to 2. This test retrains the six models (about 10 s
-each on the course machine) and checks those numbers.
+each on the course machine) and checks what those numbers show (the first output
+gains, the last falls to about the left-to-right-only level), with margins that
+another CPU's float path cannot break, not the numbers to the last point.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ def _wrong_forward(self, src, src_lengths):
 
 
 @pytest.mark.evidence("01", "the written question's model answer: with both halves of c taken at the last real token, "
-                            "output 0 of a length-20 source is right 98-99% of the time against 73-78% with the "
-                            "right c, and output 19 23-26% against 40-51% (seeds 0, 1 and 2)")
+                            "output 0 of a length-20 source is right 95% of the time or more, 10 points or more above "
+                            "the right c (65-85%), and output 19 15-35%, about the left-to-right-only control's 27%, "
+                            "8 points or more below the right c (33-60%) (seeds 0, 1 and 2; on the course machine "
+                            "98-99% against 73-78% and 23-26% against 40-51%, as the answer quotes)")
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_c_at_the_last_real_token_helps_the_first_output_and_hurts_the_last(seed):
     torch.set_num_threads(1)
@@ -51,5 +55,14 @@ def test_c_at_the_last_real_token_helps_the_first_output_and_hurts_the_last(seed
     model.encoder.forward = types.MethodType(_wrong_forward, model.encoder)
     training.train(model, make_batch(train_pairs, vocab, vocab), config)
     wrong = curve(model)
-    assert 0.975 <= wrong[0] and 0.225 <= wrong[19] <= 0.265, (wrong[0], wrong[19])
-    assert 0.725 <= right[0] <= 0.785 and 0.395 <= right[19] <= 0.515, (right[0], right[19])
+    # Measured on seeds 0, 1, 2 (and 3): wrong c 0.986, 0.991, 0.983 (0.978) at output 0 and 0.257, 0.235, 0.226
+    # (0.261) at output 19; right c 0.750, 0.731, 0.784 (0.753) and 0.428, 0.508, 0.400 (0.548). The same with
+    # MKL_CBWR=COMPATIBLE; with ATEN_CPU_CAPABILITY=default a source or two moves (seed 1, output 19: 0.237). The
+    # old bounds were this machine's extremes to a thousandth, one source of the 1,000-source probe.
+    # "The first output should get better, close to 100%": fails if it does not gain, or stays far from 100%.
+    assert wrong[0] >= 0.95 and wrong[0] >= right[0] + 0.1, (wrong[0], right[0])
+    # "The last output loses what the backward GRU remembered of x_0, and falls to about the level of the
+    # left-to-right-only control" (27% on seed 0): fails if it does not lose, or falls far below or stays far above.
+    assert 0.15 <= wrong[19] <= 0.35 and wrong[19] <= right[19] - 0.08, (wrong[19], right[19])
+    # the right c's own curve, as section 5 shows it on seed 0 (75% at output 0, 43% at output 19)
+    assert 0.65 <= right[0] <= 0.85 and 0.33 <= right[19] <= 0.6, (right[0], right[19])

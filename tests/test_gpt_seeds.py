@@ -1,13 +1,17 @@
 """The seed tables behind notebooks 10 and 11: dropout at notebook 10's budget, and what multi-query attention costs.
 
 Notebook 10 trains one model (seed 0) and says that dropout 0.1 made the same run worse; notebook 11 compares
-the shipped multi-head and multi-query models (seed 0) and reports the paired differences over seeds 0 to 7.
-These tests train the models with the notebooks' recipe (``lm.make_checkpoint``: about 20 s a run on an idle
-course machine) and assert every number the prose gives.
+the shipped multi-head and multi-query models (seed 0) and says that one pair cannot tell whether their
+difference is real. These tests train the models with the notebooks' recipe (``lm.make_checkpoint``: about
+20 s a run on an idle course machine) and assert the claims, not one machine's trained numbers: a trained loss
+moves in its third decimal with the CPU's float path (a paired difference by up to 0.004 between this machine's
+two MKL paths, the largest one by 0.002 on a second machine), so every bound below leaves a margin several
+times that.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pytest
@@ -26,23 +30,32 @@ def table(tmp_path_factory) -> dict[int, tuple[float, float]]:
 
 @pytest.mark.slow
 @pytest.mark.evidence("11", "multi-query against multi-head attention, seeds 0 to 7 at notebook 10's training budget: "
-                            "the paired differences in loss (mean, standard deviation, range)")
+                            "multi-head attention's own loss moves from seed to seed by more than the notebook's pair "
+                            "differs; the paired differences take both signs, stay within 0.05 nats, and their mean "
+                            "lies within 2.5 standard errors of zero; seed 0's pair, the notebook's, is below zero")
 def test_multi_query_costs_no_measurable_loss_at_notebook_10s_budget(table):
     multi_head = [mha for mha, _ in table.values()]
     differences = [mqa - mha for mha, mqa in table.values()]
-    # "multi-head attention's validation loss ranged from 2.187 to 2.226 nats per character"
-    assert 2.185 < min(multi_head) < 2.19 and 2.22 < max(multi_head) < 2.23, multi_head
-    # "The paired differences ... had a mean of −0.006 and a standard deviation of 0.013, from −0.029 to +0.010"
-    assert abs(statistics.mean(differences) - (-0.0062)) < 0.0015 and abs(statistics.stdev(differences) - 0.0127) < 0.0015, differences
-    assert abs(min(differences) - (-0.0293)) < 0.0015 and abs(max(differences) - (0.0095)) < 0.0015, differences
-    assert sum(d > 0 for d in differences) == 3
-    # the notebook's own pair is seed 0 of this table: -0.010
-    assert abs(differences[0] + 0.010) < 0.001
+    # Measured (multi-query minus multi-head, seeds 0 to 7), MKL_CBWR=AVX2 (pinned) / COMPATIBLE (another path):
+    # mean -0.0062 / -0.0052, standard deviation 0.0127 / 0.0130, from -0.0293 / -0.0296 to +0.0095 / +0.0104,
+    # three positive on both; multi-head from 2.187 to 2.226 on both; seed 0 -0.0104 / -0.0119.
+    # "One pair cannot tell, because training the same model from another seed also moves its loss": multi-head's
+    # loss spans more across seeds (0.039) than the notebook's pair differs (0.010). Fails if the seeds agree closely.
+    assert max(multi_head) - min(multi_head) > abs(differences[0]), (multi_head, differences[0])
+    # Sharing keys and values did not make the loss visibly worse, and its cost is too small to measure: every pair
+    # within 0.05 nats, pairs on both sides of zero, the mean within 2.5 standard errors of zero (|t| was 1.4 / 1.1).
+    # Fails if multi-query costs (or gains) a measurable amount: all pairs one way, or a mean of about 0.011 or more.
+    assert max(abs(d) for d in differences) < 0.05, differences
+    assert min(differences) < 0 < max(differences), differences
+    standard_error = statistics.stdev(differences) / math.sqrt(len(differences))
+    assert abs(statistics.mean(differences)) < 2.5 * standard_error, (statistics.mean(differences), standard_error)
+    # the notebook's own pair is seed 0 of this table: multi-query's loss below multi-head's (by 0.010 here)
+    assert differences[0] < 0, differences[0]
 
 
 @pytest.mark.slow
-@pytest.mark.evidence("10", "dropout 0.1 against no dropout at notebook 10's budget, seeds 0 to 2: "
-                            "the validation loss with dropout is higher on every seed, by about 0.08 on seed 0")
+@pytest.mark.evidence("10", "dropout 0.1 against no dropout at notebook 10's budget, seeds 0 to 2: the validation "
+                            "loss with dropout is higher on every seed, by about 0.08 on seed 0")
 def test_dropout_raises_the_validation_loss_at_notebook_10s_budget(tmp_path):
     for seed in range(3):
         without = lm.make_checkpoint(tmp_path / "plain.pt", seed=seed)
@@ -54,10 +67,21 @@ def test_dropout_raises_the_validation_loss_at_notebook_10s_budget(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.evidence("11", "the phase change of the copying model depends on the seed: trained for 1,000 steps, "
-                            "seed 1 crosses 1 nat at step 975, seed 2 is still near 2.0 at step 1000")
+                            "seeds 1 and 2 are still above 1.5 nats at step 850, where the notebook's seed 0 falls "
+                            "through 1 nat; seed 1 has dropped below 1.2 by step 1000, seed 2 is still near 2.0 (1.8 "
+                            "to 2.2)")
 def test_the_phase_change_comes_later_on_other_seeds():
-    for seed, (first_below_1, last) in {1: (975, (0.7, 1.0)), 2: (None, (1.8, 2.2))}.items():
+    # Measured, MKL_CBWR=AVX2 / COMPATIBLE: seed 0 (the notebook's run) 0.99 / 1.06 at step 850, so it first measures
+    # below 1 nat at step 850 / 875: the crossing step moves with the float path, and is not asserted. Seed 1: 1.99
+    # at step 850, 0.85 at step 1000 (below 1 nat from step 975 on both paths). Seed 2: 2.32 at step 850, 1.99 at
+    # step 1000. (Seeds 3 and 4: 1.74 and 1.79 at step 850, 0.51 and 1.22 at step 1000.)
+    at = {}
+    for seed in (1, 2):
         _, measured, losses = lm.train_on_repeats(lm.InductionConfig(steps=1000, seed=seed))
-        crossed = next((s for s, loss in zip(measured, losses) if loss < 1.0), None)
-        assert crossed == first_below_1, (seed, crossed)
-        assert last[0] < losses[-1] < last[1], (seed, losses[-1])
+        at[seed] = dict(zip(measured, losses))
+    # Fails if either seed has learned to copy by the step where seed 0 has.
+    assert at[1][850] > 1.5 and at[2][850] > 1.5, (at[1][850], at[2][850])
+    # Seed 1 has its drop before step 1000, seed 2 has not begun it. Fails if the drop comes at the same step on
+    # every seed, or never.
+    assert at[1][1000] < 1.2, at[1][1000]
+    assert 1.8 < at[2][1000] < 2.2, at[2][1000]

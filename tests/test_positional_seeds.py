@@ -1,15 +1,12 @@
 """The seed checks behind notebook 06's rotary experiments, and its written question's model answer.
 
-Section 5 trains the one-block rotary order model on seed 0 and says that on
-seeds 1 to 3 it does the same (the two ends solved, the middle far below the
-bound 1/11, 0.19 to 0.21 overall). Section 6 trains the two-block rotary model
-on seed 0 (0.65) and says that seeds 1 and 2 reach 0.77 and 0.79; its line
-that reads the position from the first block's output is shown on seed 0 only
-(off by 1.1 positions); on seeds 1 and 2 it is off by 1.4 and 2.2. This
-file trains those seeds exactly as the notebook's cells do (about 2 s per
-400-step block run on the course machine) and checks the same numbers. The
-last test runs the causal-mask experiment that the written question's rubric
-quotes.
+Section 5 trains the one-block rotary order model on seed 0: the two ends solved, the middle far below the
+bound 1/11. Section 6 trains the two-block rotary model on seed 0 (0.65) and reads the position from the first
+block's output with a line (off by 1.1 positions). This file trains seeds 1 to 3 and 1 and 2 exactly as the
+notebook's cells do (about 2 s per 400-step block run on the course machine) and checks that the same holds
+there: the claims, with margins, not the accuracies of one machine's run (on this machine 0.19 to 0.21 for one
+block, 0.77 and 0.79 for two, off by 1.4 and 2.2). The last test runs the causal-mask experiment that the
+written question's rubric quotes.
 """
 
 from __future__ import annotations
@@ -25,28 +22,37 @@ from course_utils.experiments import order
 
 
 @pytest.mark.slow
-@pytest.mark.evidence("06", "one rotary block on seeds 1 to 3 (seed 0 runs in the notebook): accuracy 0.19 to 0.21, "
-                            "outputs 0 and 11 at 0.9 or more, outputs 3 to 8 below half the bound 1/11")
+@pytest.mark.evidence("06", "one rotary block on seeds 1 to 3 (seed 0 runs in the notebook): outputs 0 and 11 at 0.9 "
+                            "or more, outputs 3 to 8 below half the bound 1/11, so about 0.2 overall (0.15 to 0.25)")
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_one_rotary_block_solves_only_the_ends(seed):
     config = order.ReversalConfig()
     run = order.train_order_model(config, positions="rotary", seed=seed)
     a = run.position_accuracy
-    assert 0.18 < run.accuracy < 0.22
-    assert min(a[0], a[-1]) >= 0.9 and max(a[3:9]) < 1 / (config.T - 1) / 2
+    # Measured on seeds 1 to 5 (seeds 4 and 5 beyond the claim): the ends 0.957 or more, the middle 0.011 at most,
+    # overall 0.178 to 0.212; the same with MKL_CBWR=COMPATIBLE and with ATEN_CPU_CAPABILITY=default (seeds 1 to 3).
+    # Fails if the middle is solved or an end is not.
+    assert min(a[0], a[-1]) >= 0.9 and max(a[3:9]) < 1 / (config.T - 1) / 2, a
+    # Overall: the two ends (2/12 = 0.17) and a little from outputs 1, 2, 9 and 10. Fails if more than the ends is
+    # solved, or an end is lost.
+    assert 0.15 < run.accuracy < 0.25, run.accuracy
 
 
 @pytest.mark.slow
-@pytest.mark.evidence("06", "two rotary blocks on seeds 1 and 2 (seed 0 runs in the notebook): accuracy 0.77 and 0.79, "
-                            "outputs 3 to 8 above 0.4; a line reads the position from the first block's output better "
-                            "than a constant reading (off by 1.4 and 2.2 positions on average against 3.0; seed 0 in "
-                            "the notebook: 1.1)")
-@pytest.mark.parametrize(("seed", "accuracy"), [(1, 0.774), (2, 0.789)])
-def test_two_rotary_blocks_read_position(seed, accuracy):
+@pytest.mark.evidence("06", "two rotary blocks on seeds 1 and 2 (seed 0 runs in the notebook): accuracy 0.7 or more "
+                            "(0.77 and 0.79 on the course machine; one block: about 0.2), outputs 3 to 8 above 0.4; a "
+                            "line reads the position from the first block's output better than a constant reading "
+                            "(off by less than 2.5 positions on average against 3.0: 1.4 and 2.2; seed 0 in the "
+                            "notebook: 1.1)")
+@pytest.mark.parametrize("seed", [1, 2])
+def test_two_rotary_blocks_read_position(seed):
     config = order.ReversalConfig()
     run = order.train_order_model(replace(config, num_layers=2), positions="rotary", seed=seed)
-    assert abs(run.accuracy - accuracy) < 0.01
-    assert min(run.position_accuracy[3:9]) > 0.4
+    # Measured: 0.7743 and 0.7887 (MKL_CBWR=COMPATIBLE: 0.7744 and 0.7891; ATEN_CPU_CAPABILITY=default: 0.7743 and
+    # 0.7889), the middle at 0.478 and 0.504 at least (seed 3: 0.7705, 0.42).
+    # Fails if the second block does not read position: one block gets about 0.2 and the middle below 0.05.
+    assert run.accuracy >= 0.7, run.accuracy
+    assert min(run.position_accuracy[3:9]) > 0.4, run.position_accuracy
     x, _ = order.make_reversal_batch(config, 2000, torch.Generator().manual_seed(2))
     with torch.no_grad():
         h = run.model.blocks[0](run.model.embed(x))  # (N, T, D)
@@ -55,7 +61,8 @@ def test_two_rotary_blocks_read_position(seed, accuracy):
     target = torch.arange(T, dtype=torch.float32).expand(N, T)
     coef = torch.linalg.lstsq(features[:1000].reshape(-1, D + 1), target[:1000].reshape(-1, 1)).solution
     reading = (features[1000:] @ coef)[..., 0]
-    assert (reading - target[1000:]).abs().mean() < 2.5  # a constant reading, 5.5, is off by 3.0
+    # a constant reading, 5.5, is off by 3.0; measured 1.377 and 2.175 on all three paths (seed 3: 0.56)
+    assert (reading - target[1000:]).abs().mean() < 2.5
 
 
 @pytest.mark.evidence("06", "the written question's rubric: with section 1's layer and a causal mask, 'bites' and "

