@@ -1,9 +1,11 @@
 """`make site`: Sphinx + MyST-NB + sphinx-book-theme, built from the committed outputs, offline.
 
 Static checks of a site built into a temporary folder: pages and sidebar in
-the README's syllabus order, local maths, nothing loaded from the network,
-download files (the notebook and its student version), launch buttons, widget
-outputs shown as their still image. tests/browser_site_check.py (``make
+the README's syllabus order (the lectures, then the lab book), local maths,
+nothing loaded from the network, download files (the notebook, and a lecture's
+student version), launch buttons, widget outputs shown as their still image,
+evidence cells left out of the pages. The README's lab book column is checked
+against notebooks/lab/, and the lab book's machinery on a small site of its own. tests/browser_site_check.py (``make
 browser-test``) checks the same site in a browser.
 """
 
@@ -17,12 +19,13 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from course_utils.tooling import site
 
-from conftest import NOTEBOOKS
+from conftest import LAB, NOTEBOOKS, ROOT
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
 # A <script>, <link> or <img> that loads from elsewhere, a module import, or a stylesheet import from the network.
+CELL = re.compile(r'class="cell(?: tag_[^"]*)? docutils container"')  # a code cell MyST-NB rendered
 NETWORK = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=[\"']?(?:https?:)?//"
                      r"|\bimport\b[^;\n]*\bfrom\s*[\"'](?:https?:)?//|@import\s+(?:url\()?[\"']?(?:https?:)?//")
 
@@ -42,20 +45,36 @@ def monkeypatch_module():
         yield patch
 
 
+def _sidebar(text: str) -> tuple[list[str], list[str]]:
+    """The sidebar's captions and its first-level links, in order."""
+    nav = text[text.index("bd-docs-nav"):text.index("</nav>", text.index("bd-docs-nav"))]
+    captions = re.findall(r'<span class="caption-text">([^<]+)</span>', nav)
+    return captions, re.findall(r'<li class="toctree-l1[^"]*"><a class="[^"]*" href="([^"]+)"', nav)
+
+
+def _lab_pages(entries):
+    return [file.replace(".ipynb", ".html") for e in entries for file in e.lab]
+
+
 def test_every_notebook_has_a_page_and_the_sidebar_and_index_list_them_in_syllabus_order(built):
     out, pages = built
     entries = site.syllabus()
     assert [e.file for e in entries] == [p.name for p in NOTEBOOKS], "the README's syllabus lists every notebook in order"
-    assert [p.name for p in pages] == ["index.html"] + [e.page for e in entries]
+    lab = _lab_pages(entries)
+    assert [p.relative_to(out).as_posix() for p in pages] == ["index.html"] + [e.page for e in entries] + lab
+    assert sorted(lab) == [f"lab/{p.stem}.html" for p in LAB], "every lab notebook has a page"
     index = (out / "index.html").read_text(encoding="utf-8")
     table = index[index.index("<table"):index.index("</table>")]
     assert re.findall(r'href="(\d\d_[a-z0-9_]+\.html)"', table) == [e.page for e in entries], "index: syllabus table"
+    assert re.findall(r'href="(lab/\d\d_[a-z0-9_]+\.html)"', table) == lab, "index: the lab book column links its pages"
+    assert "<th class=\"head\"><p>lab book</p></th>" in table
     for page in pages:
-        text = page.read_text(encoding="utf-8")
-        nav = text[text.index("bd-docs-nav"):text.index("</nav>", text.index("bd-docs-nav"))]
-        links = re.findall(r'<li class="toctree-l1[^"]*"><a class="[^"]*" href="([^"]+)"', nav)
-        expected = [("#" if e.page == page.name else e.page) for e in entries]
-        assert links == expected, f"{page.name}: the sidebar lists the notebooks in syllabus order"
+        name = page.relative_to(out).as_posix()
+        up = "../" if name.startswith("lab/") else ""
+        captions, links = _sidebar(page.read_text(encoding="utf-8"))
+        expected = [("#" if target == name else up + target) for target in [e.page for e in entries] + lab]
+        assert links == expected, f"{name}: the sidebar lists the lectures, then the lab book, in syllabus order"
+        assert captions == (["Lectures", "Lab book"] if lab else ["Lectures"]), f"{name}: the sidebar's sections"
     for entry, page in zip(entries, pages[1:]):
         text = page.read_text(encoding="utf-8")
         assert re.search(rf"<h1>{re.escape(entry.title[:4])}", text), f"{page.name}: titled {entry.title[:4]}…"
@@ -66,14 +85,68 @@ def test_every_notebook_has_a_page_and_the_sidebar_and_index_list_them_in_syllab
         assert "theme-switch-button" in text, f"{page.name}: the colour-mode (dark mode) switch"
 
 
+def test_the_syllabus_links_each_lab_notebook_from_its_lectures_row_once():
+    entries = site.syllabus()
+    assert site.lab_problems(entries) == []
+    for path in LAB:
+        rows = [e.number for e in entries if f"lab/{path.name}" in e.lab]
+        assert rows == [path.name[:2]], f"lab/{path.name} is linked from the rows {rows}, not once from its lecture's"
+    for entry in entries:
+        for file in entry.lab:
+            assert (ROOT / "notebooks" / file).is_file(), f"{entry.file}'s row links notebooks/{file}: missing"
+    rows = [line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines() if line.startswith("| [")]
+    assert len(rows) == len(entries), "every row of the syllabus has its five columns, the lab book's last"
+
+
+def test_lab_problems_names_each_disagreement_between_the_readme_and_notebooks_lab(tmp_path):
+    (tmp_path / "lab").mkdir()
+    for name in ("01_x.ipynb", "02_y.ipynb", "02_z.ipynb", "03_w.ipynb"):
+        nbformat.write(new_notebook(cells=[new_markdown_cell("# Lab")]), tmp_path / "lab" / name)
+    row = "| [{n} · T](notebooks/{n}_t.ipynb) | c | p | 0.1 | {lab} |\n"
+    readme = tmp_path / "README.md"
+    readme.write_text("# A course\n\n| notebook | concepts | prerequisites | CPU minutes | lab book |\n"
+                      "| --- | --- | --- | --- | --- |\n"
+                      + row.format(n="01", lab="[lab](notebooks/lab/01_x.ipynb), [lab](notebooks/lab/02_y.ipynb)")
+                      + row.format(n="02", lab="[lab](notebooks/lab/02_y.ipynb), [more](notebooks/lab/02_gone.ipynb)")
+                      + row.format(n="03", lab="—"), encoding="utf-8")
+    entries = site.syllabus(readme)
+    assert [e.lab for e in entries] == [("lab/01_x.ipynb", "lab/02_y.ipynb"), ("lab/02_y.ipynb", "lab/02_gone.ipynb"), ()]
+    assert sorted(site.lab_problems(entries, tmp_path)) == sorted([
+        "01_t.ipynb's row links notebooks/lab/02_y.ipynb, which is lecture 02's",
+        "02_t.ipynb's row links notebooks/lab/02_gone.ipynb, which does not exist",
+        "notebooks/lab/02_y.ipynb is linked 2 times from the syllabus (once is right)",
+        "notebooks/lab/02_z.ipynb is linked 0 times from the syllabus (once is right)",
+        "notebooks/lab/03_w.ipynb is linked 0 times from the syllabus (once is right)"])
+    with pytest.raises(ValueError, match="02_z.ipynb is linked 0 times"):
+        site.stage(tmp_path / "src", entries, tmp_path)
+    readme.write_text(row.format(n="01", lab="see the lab"), encoding="utf-8")
+    with pytest.raises(ValueError, match="lab book cell 'see the lab' is neither"):
+        site.syllabus(readme)
+
+
+def test_evidence_cells_are_left_out_of_the_pages_and_kept_in_the_downloads(built):
+    out, pages = built
+    for path in NOTEBOOKS + LAB:
+        name = path.relative_to(ROOT / "notebooks").with_suffix("").as_posix()
+        nb = nbformat.read(out / "_sources" / f"{name}.ipynb", as_version=4)  # the notebook the page was built from
+        code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+        evidence = [c for c in code if "evidence" in c.metadata.get("tags", [])]
+        text = (out / f"{name}.html").read_text(encoding="utf-8")
+        assert "tag_evidence" not in text, f"{name}: an evidence cell is on the page"
+        assert len(CELL.findall(text)) == len(code) - len(evidence), f"{name}: every other code cell is on the page"
+    assert any("evidence" in c.metadata.get("tags", []) for p in NOTEBOOKS for c in nbformat.read(p, as_version=4).cells), \
+        "no lecture has an evidence cell any more: this test checks nothing"
+
+
 def test_maths_comes_from_the_local_mathjax_and_nothing_from_the_network(built):
     out, pages = built
     for page in pages + [out / "search.html"]:
         text = page.read_text(encoding="utf-8")
-        assert f'src="_static/mathjax/MathJax.js?config={site.MATHJAX_CONFIG}"' in text, f"{page.name}: local MathJax"
+        up = "../" * len(page.relative_to(out).parent.parts)  # a lab book page is one folder down
+        assert f'src="{up}_static/mathjax/MathJax.js?config={site.MATHJAX_CONFIG}"' in text, f"{page.name}: local MathJax"
         assert '"webFont": "STIX-Web"' in text, f"{page.name}: MathJax told to use the fonts it ships with"
         assert not NETWORK.search(text), f"{page.name}: loads {NETWORK.search(text)[0]!r} from the network"
-    for page in pages[1:]:
+    for page in pages[1:1 + len(NOTEBOOKS)]:
         assert page.read_text(encoding="utf-8").count('class="math notranslate nohighlight"') > 5, \
             f"{page.name}: the notebook's maths is marked up for MathJax"
     assert (out / "_static" / "mathjax" / "MathJax.js").is_file()
@@ -96,7 +169,12 @@ def test_each_page_offers_the_notebook_and_its_student_version_for_download(buil
         nbformat.validate(nbformat.reads(student, as_version=4))
         assert "BEGIN SOLUTION" not in student and "HIDDEN TESTS" not in student, f"release/{path.name}: no solutions"
     assert sorted(p.name for p in (out / "release").iterdir()) == [p.name for p in NOTEBOOKS], \
-        "release/ holds the student notebooks and nothing else"
+        "release/ holds the lectures' student notebooks and nothing else"
+    for path in LAB:
+        text = (out / "lab" / f"{path.stem}.html").read_text(encoding="utf-8")
+        assert f'href="../_sources/lab/{path.name}"' in text, f"lab/{path.name}: download button for the .ipynb"
+        assert (out / "_sources" / "lab" / path.name).read_bytes() == path.read_bytes()
+        assert "release/" not in text and "download-release-button" not in text, f"lab/{path.name}: no student version"
 
 
 def test_launch_buttons_point_at_the_configured_repository_and_hub(built):
@@ -143,3 +221,45 @@ def test_a_sphinx_warning_fails_the_build(tmp_path):
     entry = site.Entry("00 · An explorer", "00_explorer.ipynb", "widgets", "none", "0.0")
     with pytest.raises(RuntimeError, match="a-label-that-does-not-exist"):
         site.build_site(tmp_path / "out", notebooks=tmp_path, entries=[entry], src=tmp_path / "src")
+
+
+def evidence_cell(source: str, output: str):
+    """A code cell as a lecture's collapsed check of a claim: tagged ``evidence``, its source hidden."""
+    return new_code_cell(source, execution_count=None, metadata={"tags": ["evidence"], "jupyter": {"source_hidden": True}},
+                         outputs=[new_output("stream", name="stdout", text=output)])
+
+
+def test_a_lab_notebook_gets_a_page_in_the_lab_books_section_without_a_student_version_or_its_evidence(tmp_path):
+    lecture = widget_notebook()
+    lecture.cells.insert(2, evidence_cell("assert 'lecture' + 'claim'", "LECTURE-EVIDENCE-OUTPUT\n"))
+    lab = widget_notebook()
+    lab.metadata.pop("widgets")
+    lab.cells = [new_markdown_cell("# Lab 00 · Deeper\n\nMore seeds for $w_{ij}$."),
+                 new_code_cell('print("seed " + "sweep")', execution_count=1, outputs=[new_output(
+                     "stream", name="stdout", text="the lab's output\n")]),
+                 evidence_cell("assert 'lab' + 'claim'", "LAB-EVIDENCE-OUTPUT\n")]
+    for i, cell in enumerate(c for c in lecture.cells + lab.cells if c.cell_type == "code"):
+        cell.execution_count = i + 1
+    nbformat.write(lecture, tmp_path / "00_explorer.ipynb")
+    (tmp_path / "lab").mkdir()
+    nbformat.write(lab, tmp_path / "lab" / "00_deeper.ipynb")
+    entry = site.Entry("00 · An explorer", "00_explorer.ipynb", "widgets", "none", "0.0", ("lab/00_deeper.ipynb",))
+    out = tmp_path / "out"
+    pages = site.build_site(out, notebooks=tmp_path, entries=[entry], src=tmp_path / "src")
+    assert [p.relative_to(out).as_posix() for p in pages] == ["index.html", "00_explorer.html", "lab/00_deeper.html"]
+    index, page, lab_page = (p.read_text(encoding="utf-8") for p in pages)
+    table = index[index.index("<table"):index.index("</table>")]
+    assert re.findall(r'href="([^"]+)"', table) == ["00_explorer.html", "lab/00_deeper.html"], "index: the lab column"
+    assert _sidebar(index) == (["Lectures", "Lab book"], ["00_explorer.html", "lab/00_deeper.html"])
+    assert _sidebar(lab_page) == (["Lectures", "Lab book"], ["../00_explorer.html", "#"])
+    assert "<h1>Lab 00 · Deeper" in lab_page and "the lab's output" in lab_page
+    for text, name in ((page, "LECTURE"), (lab_page, "LAB")):
+        assert f"{name}-EVIDENCE-OUTPUT" not in text and "claim" not in text and "tag_evidence" not in text, \
+            f"{name.lower()}: the evidence cell is left out of the page"
+        assert len(CELL.findall(text)) == (2 if name == "LECTURE" else 1), "the other code cells are on the page"
+    assert (out / "_sources" / "00_explorer.ipynb").read_bytes() == (tmp_path / "00_explorer.ipynb").read_bytes()
+    assert (out / "_sources" / "lab" / "00_deeper.ipynb").read_bytes() == (tmp_path / "lab" / "00_deeper.ipynb").read_bytes(), \
+        "the lab notebook's download is the notebook, its evidence included"
+    assert 'href="release/00_explorer.ipynb"' in page and "release/" not in lab_page, "a student version: lectures only"
+    assert [p.name for p in (out / "release").iterdir()] == ["00_explorer.ipynb"]
+    assert "urlpath=lab/tree/notebooks/lab/00_deeper.ipynb" in lab_page, "the launch button opens the lab notebook"

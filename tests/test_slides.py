@@ -1,4 +1,6 @@
-"""`make slides`: one reveal.js deck per notebook, with committed slide breaks, local reveal.js and maths.
+"""`make slides`: one reveal.js deck per lecture, with committed slide breaks, local reveal.js and maths.
+
+The lab book has no decks, and cells tagged ``evidence`` are left out of them.
 
 tests/browser_site_check.py (``make browser-test``) visits every slide in a browser.
 """
@@ -12,7 +14,7 @@ import pytest
 
 from course_utils.tooling import slides
 
-from conftest import NOTEBOOKS
+from conftest import LAB, NOTEBOOKS
 from test_site import NETWORK, WIDGET_VIEW, widget_notebook
 
 
@@ -36,6 +38,8 @@ def decks(tmp_path_factory):
 def test_one_deck_per_notebook_with_local_assets(decks):
     out, written = decks
     assert [d.name for d in written] == [p.stem + ".slides.html" for p in NOTEBOOKS]
+    assert sorted(p.name for p in out.rglob("*.slides.html")) == sorted(d.name for d in written), \
+        f"the lectures' decks and no others (the lab book {[p.name for p in LAB]} has none)"
     assert (out / "reveal.js" / "dist" / "reveal.js").is_file() and (out / "require.js").is_file()
     assert (out / "mathjax" / "MathJax.js").is_file()
     for deck in written:
@@ -86,3 +90,44 @@ def test_cells_are_packed_by_estimated_height():
     kinds = [c.metadata["slideshow"]["slide_type"] for c in slides.assign_slide_types(nb).cells]
     assert kinds == ["slide", "-", "-", "subslide", "subslide", "subslide", "-"], kinds  # the figure fills its own
     assert slides.estimated_height(figure) > slides.SLIDE_BUDGET / 2 > slides.estimated_height(nb.cells[1])
+
+
+def _kinds(nb) -> list[str]:
+    return [c.metadata.get("slideshow", {}).get("slide_type", "-") for c in nb.cells]
+
+
+def test_the_decks_leave_out_the_evidence_cells_and_keep_the_slide_breaks(decks):
+    out, written = decks
+    assert any("evidence" in c.metadata.get("tags", []) for p in NOTEBOOKS for c in nbformat.read(p, as_version=4).cells), \
+        "no lecture has an evidence cell any more: this test checks nothing"
+    for path, deck in zip(NOTEBOOKS, written):
+        nb = nbformat.read(path, as_version=4)
+        text = deck.read_text(encoding="utf-8")
+        assert "celltag_evidence" not in text, f"{deck.name}: an evidence cell is in the deck"
+        shown = [c for c in nb.cells if "evidence" not in c.metadata.get("tags", [])]
+        assert text.count("jp-Cell jp-CodeCell") == sum(c.cell_type == "code" for c in shown), \
+            f"{deck.name}: every other code cell is in the deck"
+        kinds = _kinds(slides.DropEvidence().preprocess(nb, {})[0])
+        assert kinds[0] == "slide" and text.count("<section") == 2 * kinds.count("slide") + kinds.count("subslide"), \
+            f"{deck.name}: two <section>s per slide (it starts a sub-slide), one per sub-slide"
+
+
+def test_an_evidence_cell_hands_its_slide_break_to_the_next_cell_shown():
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    def cell(kind, evidence=False, source="x = 1"):
+        return new_code_cell(source, metadata={"slideshow": {"slide_type": kind},
+                                               "tags": ["evidence"] if evidence else []})
+
+    nb = new_notebook(cells=[new_markdown_cell("# T", metadata={"slideshow": {"slide_type": "slide"}}),
+                             cell("-"), cell("subslide", True), cell("-"),  # the sub-slide starts at the next cell
+                             cell("-", True), cell("fragment"),  # nothing to hand on
+                             cell("slide", True), cell("subslide", True), cell("notes"), cell("-"),  # past the notes
+                             cell("subslide", True), cell("slide"),  # the next cell breaks more already
+                             cell("-", source="the last")])
+    kept, _ = slides.DropEvidence().preprocess(nb, {})
+    assert _kinds(kept) == ["slide", "-", "subslide", "fragment", "notes", "slide", "slide", "-"]
+    assert kept.cells[-1].source == "the last"
+    body, _ = slides.exporter().from_notebook_node(new_notebook(cells=[
+        new_markdown_cell("# Title"), cell("-", True, "assert 'EVIDENCE' + 'SOURCE'"), cell("-", source="shown_cell = 2")]))
+    assert "EVIDENCE" not in body and "shown_cell" in body, "the exporter leaves evidence out"

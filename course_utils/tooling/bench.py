@@ -7,7 +7,11 @@ stop on a stopwatch. The budgets live here instead, measured on the course's
 
 * each notebook runs top to bottom in under ``NOTEBOOK_BUDGET`` seconds, and
   under the runtime its first cell states (``*Runtime:* under N CPU minutes``);
-* the whole series runs in under ``SERIES_BUDGET`` seconds;
+* the whole series (the lectures) runs in under ``SERIES_BUDGET`` seconds;
+* each of the lab book's notebooks (``notebooks/lab/``: optional, outside the
+  learner's hour) runs in under ``LAB_BUDGET`` seconds and under the runtime
+  its first cell states; they do not count in the series, have no minutes in
+  the README, and are reported in lines of their own;
 * each training run (every call of a training function in ``course_utils``,
   which reports itself through ``course_utils.experiments.loop``) takes under
   ``TRAINING_BUDGET`` seconds;
@@ -23,7 +27,7 @@ stop on a stopwatch. The budgets live here instead, measured on the course's
 
 Each notebook is executed in a fresh kernel with the same settings as
 ``make execute`` and ``make test``, in memory: the committed notebooks are not
-touched. The measured minutes go into the README's syllabus table and the
+touched. The lectures' measured minutes go into the README's syllabus table and the
 instructor guide. The
 command exits with status 1 when any budget is exceeded or any timing claim did not hold.
 """
@@ -41,9 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_utils.experiments.loop import BENCH_LOG_ENV
-from course_utils.tooling.execute import NOTEBOOK_BUDGET, README, ROOT, execute_notebook, update_readme_minutes
+from course_utils.tooling.execute import (LAB_BUDGET, NOTEBOOK_BUDGET, README, ROOT, display_name, execute_notebook,
+                                          is_lab, notebook_paths, update_readme_minutes)
 
-SERIES_BUDGET = 360.0  # seconds for all notebooks
+SERIES_BUDGET = 360.0  # seconds for all the lectures (the lab book is not in the series)
 TRAINING_BUDGET = 60.0  # seconds per training run
 
 RUNTIME_LINE = re.compile(r"\*Runtime:\*\s*under\s+(\d+(?:\.\d+)?)\s+CPU minutes?")
@@ -58,10 +63,13 @@ class NotebookTiming:
     stated_seconds: float | None  # from the notebook's "*Runtime:* under N CPU minutes" line
     runs: list[tuple[str, float]] = field(default_factory=list)  # (label, seconds) per training run
     claims: list[tuple[str, bool]] = field(default_factory=list)  # (statement, held) per timing_claim call
+    lab: bool = False  # a lab book notebook: its own budget, not in the series
 
     @property
     def budget(self) -> float:
-        return min(NOTEBOOK_BUDGET, self.stated_seconds or NOTEBOOK_BUDGET)
+        """The smaller of the notebook's budget (``NOTEBOOK_BUDGET``, ``LAB_BUDGET``) and its stated runtime."""
+        cap = LAB_BUDGET if self.lab else NOTEBOOK_BUDGET
+        return min(cap, self.stated_seconds or cap)
 
 
 def stated_runtime(path: Path) -> float | None:
@@ -114,7 +122,7 @@ def time_notebook(path: Path, timeout: int = 600) -> NotebookTiming:
             else:
                 os.environ[BENCH_LOG_ENV] = previous
         runs, claims = read_log(log.read_text(encoding="utf-8"))
-    return NotebookTiming(path.name, seconds, stated_runtime(path), runs, claims)
+    return NotebookTiming(display_name(path), seconds, stated_runtime(path), runs, claims, lab=is_lab(path))
 
 
 def budget_failures(timings: list[NotebookTiming]) -> list[str]:
@@ -129,25 +137,35 @@ def budget_failures(timings: list[NotebookTiming]) -> list[str]:
             if seconds > TRAINING_BUDGET:
                 failures.append(f"{t.name}: training run '{label}' took {seconds:.1f} s, over {TRAINING_BUDGET:.0f} s")
         failures += [f"{t.name}: timing claim did not hold: {statement}" for statement, held in t.claims if not held]
-    total = sum(t.seconds for t in timings)
+    total = sum(t.seconds for t in timings if not t.lab)
     if total > SERIES_BUDGET:
         failures.append(f"the series: {total:.1f} s, over its budget of {SERIES_BUDGET:.0f} s")
     return failures
 
 
+def _lines(t: NotebookTiming) -> list[str]:
+    """A notebook's lines in the report: its time against its budget, its training runs, its timing claims."""
+    lines = [f"{t.name:<58} {t.seconds:8.1f} {t.budget:7.0f}{'' if t.seconds <= t.budget else '  OVER'}"]
+    for label, seconds in t.runs:
+        mark = "" if seconds <= TRAINING_BUDGET else "  OVER"
+        lines.append(f"  training: {label:<47} {seconds:8.1f} {TRAINING_BUDGET:7.0f}{mark}")
+    return lines + [f"  claim {'held' if held else 'DID NOT HOLD'}: {statement}" for statement, held in t.claims]
+
+
 def report(timings: list[NotebookTiming]) -> str:
-    """The table ``make bench`` prints: each notebook, its training runs and timing claims, the series."""
+    """The table ``make bench`` prints: each lecture, its training runs and timing claims, the series; the lab book."""
     lines = [f"{'notebook':<58} {'seconds':>8} {'budget':>7}"]
     for t in timings:
-        mark = "" if t.seconds <= t.budget else "  OVER"
-        lines.append(f"{t.name:<58} {t.seconds:8.1f} {t.budget:7.0f}{mark}")
-        for label, seconds in t.runs:
-            mark = "" if seconds <= TRAINING_BUDGET else "  OVER"
-            lines.append(f"  training: {label:<47} {seconds:8.1f} {TRAINING_BUDGET:7.0f}{mark}")
-        lines += [f"  claim {'held' if held else 'DID NOT HOLD'}: {statement}" for statement, held in t.claims]
-    total = sum(t.seconds for t in timings)
+        lines += [] if t.lab else _lines(t)
+    total = sum(t.seconds for t in timings if not t.lab)
     mark = "" if total <= SERIES_BUDGET else "  OVER"
     lines.append(f"{'the series':<58} {total:8.1f} {SERIES_BUDGET:7.0f}{mark}")
+    lab = [t for t in timings if t.lab]
+    if lab:
+        lines += ["", f"{'lab book (not in the series)':<58} {'seconds':>8} {'budget':>7}"]
+        for t in lab:
+            lines += _lines(t)
+        lines.append(f"{'the lab book, in all':<58} {sum(t.seconds for t in lab):8.1f}")
     return "\n".join(lines)
 
 
@@ -157,9 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
     parser.add_argument("--no-readme", action="store_true", help="do not write the minutes into README.md")
     args = parser.parse_args(argv)
-    notebooks: list[Path] = []
-    for p in map(Path, args.paths):
-        notebooks += sorted(p.glob("[0-9][0-9]_*.ipynb")) if p.is_dir() else [p]
+    notebooks = notebook_paths(args.paths)  # a folder: its lectures, then its lab book
     if not notebooks:
         print(f"no notebooks found in {args.paths}", file=sys.stderr)
         return 1
@@ -167,14 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     for path in notebooks:
         timings.append(time_notebook(path, timeout=args.timeout))
-        print(f"{path.name}: {timings[-1].seconds:.1f} s", flush=True)
-    print(f"\nmeasured in {time.perf_counter() - start:.0f} s; budgets in seconds "
-          f"(notebook: the smaller of {NOTEBOOK_BUDGET:.0f} and its stated runtime)\n")
+        print(f"{timings[-1].name}: {timings[-1].seconds:.1f} s", flush=True)
+    print(f"\nmeasured in {time.perf_counter() - start:.0f} s; budgets in seconds (notebook: the smaller of "
+          f"{NOTEBOOK_BUDGET:.0f}, {LAB_BUDGET:.0f} for the lab book, and its stated runtime)\n")
     print(report(timings))
     if not args.no_readme:
         from course_utils.tooling.guide import update as update_guide  # the guide's run times come from the README
 
-        update_readme_minutes({t.name: t.seconds / 60 for t in timings}, README)
+        update_readme_minutes({t.name: t.seconds / 60 for t in timings if not t.lab}, README)  # lectures only
         update_guide()
         print(f"\nwrote the minutes into {README.relative_to(ROOT)} and docs/instructor_guide.md")
     failures = budget_failures(timings)

@@ -2,12 +2,15 @@
 
 Usage (through the Makefile)::
 
-    make execute                                   # every notebook
+    make execute                                   # every notebook: the lectures, then the lab book
     make execute NB=notebooks/00_orientation.ipynb  # one notebook
+    make execute NB=notebooks/lab                   # the lab book's notebooks
+    make execute NB=notebooks/lab/01_seq2seq_bottleneck_lab.ipynb  # one of them
 
 Each notebook runs top to bottom in a fresh kernel with the same environment
 the tests use (``PYTHONHASHSEED=0``, ``IPYKERNEL_CELL_NAME``, no
-``MPLBACKEND``); the notebook itself calls ``course_utils.setup()`` for seeds,
+``MPLBACKEND``), in the notebook's own folder (``notebooks/`` for a lecture,
+``notebooks/lab/`` for the lab book, as nbval runs them); the notebook itself calls ``course_utils.setup()`` for seeds,
 threads and figure style, and the kernel runs with the pinned CPU code paths
 of ``course_utils.core.portable``. Timing against the budgets, and the README's
 syllabus table, are ``make bench``'s job (``course_utils.tooling.bench``).
@@ -26,13 +29,39 @@ import nbformat
 from nbclient import NotebookClient
 
 from course_utils.core.portable import pin_environment
+from course_utils.tooling.autograder import LAB, course_notebooks, lab_notebooks
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 # Settings shared by `make execute`, the nbval run (tests/conftest.py) and grading.
 NOTEBOOK_BUDGET = 60.0  # seconds per notebook, kernel start included (``make bench`` holds every notebook to it)
+LAB_BUDGET = 120.0  # seconds per lab book notebook (``make bench``; not in the series' budget)
 KERNEL_ENV = {"PYTHONHASHSEED": "0", "IPYKERNEL_CELL_NAME": "<IPY-INPUT>"}
+MINUTES_COLUMN = "CPU minutes"  # the README syllabus table's column that ``make bench`` writes
+
+
+def notebook_paths(paths: list[str | Path]) -> list[Path]:
+    """The notebooks named by ``paths``: a file as it is; a folder's lectures, then its lab book's, in order.
+
+    A folder's lectures are its ``NN_name.ipynb`` files and its lab book the
+    same in its ``lab/`` folder, so ``notebooks`` gives every notebook of the
+    course and ``notebooks/lab`` the lab book alone.
+    """
+    found: list[Path] = []
+    for path in map(Path, paths):
+        found += course_notebooks(path) + lab_notebooks(path) if path.is_dir() else [path]
+    return found
+
+
+def is_lab(path: Path) -> bool:
+    """True for a lab book's notebook (``notebooks/lab/NN_name.ipynb``)."""
+    return Path(path).parent.name == LAB
+
+
+def display_name(path: Path) -> str:
+    """How the commands name a notebook: ``03_self_attention.ipynb``, ``lab/03_long_keys.ipynb``."""
+    return f"{LAB}/{Path(path).name}" if is_lab(path) else Path(path).name
 
 
 def kernel_environment() -> None:
@@ -82,34 +111,45 @@ def execute_notebook(path: Path, timeout: int = 600, write: bool = True) -> floa
 def update_readme_minutes(minutes: dict[str, float], readme: Path = README) -> None:
     """Write measured CPU minutes into the syllabus table of README.md.
 
-    A row belongs to a notebook when its first cell links to ``notebooks/<name>``;
-    its last cell is replaced by the minutes, rounded to 0.1.
+    A row belongs to a lecture when its first cell links to ``notebooks/<name>``;
+    its "CPU minutes" cell (found by the table's header) gets the minutes,
+    rounded to 0.1. The lab book has no minutes column: a name under ``lab/``
+    is skipped, and so is any name no row links.
+
+    Raises:
+        ValueError: If a lecture's row comes before a header with a "CPU minutes" column.
     """
     lines = readme.read_text(encoding="utf-8").splitlines(keepends=True)
+    column = None
     for i, line in enumerate(lines):
-        match = re.match(r"\|\s*\[[^\]]*\]\(notebooks/([^)]+\.ipynb)\)", line)
+        cells = line.rstrip().split("|")
+        if line.startswith("|") and MINUTES_COLUMN in (cell.strip() for cell in cells):
+            column = [cell.strip() for cell in cells].index(MINUTES_COLUMN)
+            continue
+        match = re.match(r"\|\s*\[[^\]]*\]\(notebooks/([^)/]+\.ipynb)\)", line)
         if match and match.group(1) in minutes:
-            cells = line.rstrip("\n").rstrip().rstrip("|").split("|")
+            if column is None:
+                raise ValueError(f"{readme}: the syllabus row of {match.group(1)} has no {MINUTES_COLUMN!r} "
+                                 "column in a header above it")
             value = minutes[match.group(1)]
-            cells[-1] = " < 0.1 " if value < 0.05 else f" {value:.1f} "  # never "0.0" minutes
-            lines[i] = "|".join(cells) + "|\n"
+            cells[column] = " < 0.1 " if value < 0.05 else f" {value:.1f} "  # never "0.0" minutes
+            lines[i] = "|".join(cells) + "\n"
     readme.write_text("".join(lines), encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="*", default=["notebooks"], help="notebooks or folders of notebooks")
+    parser.add_argument("paths", nargs="*", default=["notebooks"],
+                        help="notebooks, or folders of notebooks (a folder's lab/ too)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
     args = parser.parse_args(argv)
-    notebooks: list[Path] = []
-    for p in map(Path, args.paths):
-        notebooks += sorted(p.glob("[0-9][0-9]_*.ipynb")) if p.is_dir() else [p]
+    notebooks = notebook_paths(args.paths)
     if not notebooks:
         print(f"no notebooks found in {args.paths}", file=sys.stderr)
         return 1
     for path in notebooks:
         seconds = execute_notebook(path, timeout=args.timeout)
-        print(f"{path.name}: {seconds:.1f} s")
+        print(f"{display_name(path)}: {seconds:.1f} s")
     print("(times against the course's budgets, and the README's syllabus table: make bench)")
     return 0
 

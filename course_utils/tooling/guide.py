@@ -8,7 +8,9 @@ Each notebook's subsection ends with its evidence: the checks the notebook runs
 on its own numbers (its ``assert`` statements), and the evidence that lives
 outside it, which the learner's text no longer mentions: every test marked
 ``@pytest.mark.evidence("NN", "what it establishes")`` (seed sweeps, runs too
-long for the notebook) and the time budget ``make bench`` holds it to.
+long for the notebook), the time budget ``make bench`` holds it to, and its
+lab book's notebooks (the README syllabus's last column), each named by its
+path and first heading.
 ``python -m course_utils.tooling.guide`` rewrites it; a test fails when it is stale.
 """
 
@@ -22,7 +24,7 @@ from pathlib import Path
 import nbformat
 
 from course_utils.tooling import written
-from course_utils.tooling.execute import NOTEBOOK_BUDGET
+from course_utils.tooling.execute import LAB_BUDGET, NOTEBOOK_BUDGET
 from course_utils.tooling.grading import course_notebooks, exercises
 from course_utils.tooling.site import syllabus
 
@@ -63,7 +65,31 @@ def evidence_tests(tests_dir: Path = ROOT / "tests") -> dict[str, list[str]]:
     return found
 
 
-def _evidence(path: Path, nb: nbformat.NotebookNode, outside: dict[str, list[str]]) -> list[str]:
+def first_heading(nb: nbformat.NotebookNode) -> str:
+    """The text of a notebook's first markdown heading ("Lab 03 · Long keys"), or "" if it has none."""
+    for cell in nb.cells:
+        for line in cell.source.splitlines() if cell.cell_type == "markdown" else []:
+            if line.startswith("#"):
+                return line.lstrip("#").strip()
+    return ""
+
+
+def lab_lines(files: tuple[str, ...], notebooks_dir: Path = ROOT / "notebooks") -> list[str]:
+    """The evidence list's lab book item: each lab notebook (relative to ``notebooks_dir``) by path and first heading.
+
+    Empty when the lecture has no lab notebook.
+    """
+    if not files:
+        return []
+    lines = ["* In the lab book (optional, never graded; the test suite re-runs and compares it as it does a lecture, "
+             f"and `make bench` holds each notebook to {LAB_BUDGET:.0f} s):"]
+    for file in files:
+        nb = nbformat.read(Path(notebooks_dir) / file, as_version=4)
+        lines.append(f"  * `notebooks/{file}`: {first_heading(nb)} ({_asserts(nb)} `assert` statements)")
+    return lines
+
+
+def _evidence(path: Path, nb: nbformat.NotebookNode, outside: dict[str, list[str]], lab: list[str]) -> list[str]:
     lines = ["", "Evidence:", "",
              f"* In the notebook: {_asserts(nb)} `assert` statements check its own numbers as it runs, and the test "
              "suite re-runs it and compares every output (strict nbval).",
@@ -74,12 +100,14 @@ def _evidence(path: Path, nb: nbformat.NotebookNode, outside: dict[str, list[str
         lines += ["* Outside the notebook, runs too long for it (other seeds, longer runs), so that an instructor "
                   "knows how far a result of the notebook's own run holds:"]
         lines += [f"  * {claim}" for claim in claims]
-    return lines
+    return lines + lab
 
 
 def render(notebooks_dir: Path = ROOT / "notebooks") -> str:
     """The generated block: one subsection per notebook."""
-    minutes = {e.file: e.minutes for e in syllabus()}
+    entries = syllabus()
+    minutes = {e.file: e.minutes for e in entries}
+    lab = {e.file: e.lab for e in entries}
     outside = evidence_tests()
     parts = []
     for path in course_notebooks(notebooks_dir):
@@ -96,7 +124,7 @@ def render(notebooks_dir: Path = ROOT / "notebooks") -> str:
             title = q.prompt.splitlines()[0].lstrip("# ").strip() if q.prompt else q.grade_id
             lines += ["", f"Written question, graded by hand (`{q.grade_id}`, {q.points:g} points; model answer and "
                           f"rubric in the answer cell): {title}"]
-        lines += _evidence(path, nb, outside)
+        lines += _evidence(path, nb, outside, lab_lines(lab.get(path.name, ()), notebooks_dir))
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 

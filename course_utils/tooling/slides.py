@@ -1,4 +1,4 @@
-"""Lecture slides: every notebook as a reveal.js deck (``make slides``), and the slide metadata heuristic.
+"""Lecture slides: every lecture as a reveal.js deck (``make slides``), and the slide metadata heuristic.
 
 Each notebook's cells carry ``metadata.slideshow.slide_type`` (committed in the
 notebooks, set by ``assign_slide_types``): every ``#``/``##`` section starts a
@@ -6,6 +6,11 @@ slide, every ``###`` heading a sub-slide, and the rest continues the current
 slide until the next cell would not fit, when it starts a sub-slide. A slide
 still taller than the slide area is shrunk in the browser, once MathJax has
 typeset it, down to ``MIN_ZOOM``; only what is taller still scrolls.
+
+The decks are the lectures of the README's syllabus; the lab book
+(``notebooks/lab/``) has none. Cells tagged ``evidence`` (collapsed checks of
+a lecture's claims) are left out of the decks (``DropEvidence``); a slide or
+sub-slide that one of them started starts at the next cell instead.
 
 The decks use reveal.js 4.0.2 (the version nbconvert's template is written
 for) and require.js, fetched once from the npm registry into ``build/cache``
@@ -28,8 +33,10 @@ from pathlib import Path
 
 import nbformat
 from nbconvert import SlidesExporter
+from nbconvert.preprocessors import Preprocessor
 from traitlets.config import Config
 
+from course_utils.tooling.lecture_form import EVIDENCE
 from course_utils.tooling.site import MATHJAX_CONFIG, MATHJAX_HUB_CONFIG, NOTEBOOK_DIR, ROOT, mathjax_source, syllabus
 
 SLIDES_DIR = ROOT / "build" / "slides"
@@ -196,18 +203,50 @@ def npm_package(name: str, version: str, sha256: str, cache: Path = CACHE_DIR) -
     return folder
 
 
+_BREAKS = {"slide": 2, "subslide": 1}  # how strongly a slide type breaks the deck; any other type continues it
+
+
+class DropEvidence(Preprocessor):
+    """Leave out the cells tagged ``evidence``; a slide break one of them made moves to the next cell shown.
+
+    The committed slide metadata counts the evidence cells (``assign_slide_types``):
+    a cell that started a slide or sub-slide hands its break to the next cell
+    that is shown (not ``skip`` or ``notes``) unless that one breaks as much already.
+    """
+
+    def preprocess(self, nb, resources):
+        kept, carried = [], "-"
+        for cell in nb.cells:
+            kind = cell.metadata.get("slideshow", {}).get("slide_type", "-")
+            if EVIDENCE in cell.metadata.get("tags", []):
+                carried = max(carried, kind, key=lambda k: _BREAKS.get(k, 0))
+                continue
+            kept.append(cell)
+            if kind in ("skip", "notes"):
+                continue
+            if _BREAKS.get(carried, 0) > _BREAKS.get(kind, 0):
+                cell.metadata["slideshow"] = {**cell.metadata.get("slideshow", {}), "slide_type": carried}
+            carried = "-"
+        nb.cells = kept
+        return nb, resources
+
+
 def exporter() -> SlidesExporter:
-    """nbconvert's reveal.js exporter, set up for decks that display offline (see ``_TEMPLATE``)."""
+    """nbconvert's reveal.js exporter, set up for decks that display offline (see ``_TEMPLATE``), without evidence."""
     priority = [m for m in SlidesExporter().default_config.NbConvertBase.display_data_priority if m != WIDGET_VIEW]
     config = Config({"NbConvertBase": {"display_data_priority": priority}})
     return SlidesExporter(config=config, raw_template=_template(), reveal_url_prefix="reveal.js",
+                          preprocessors=[DropEvidence],  # before the template's reveal metadata step
                           reveal_theme="white",  # its font is bundled (most other themes load Google fonts)
                           reveal_width=str(WIDTH), reveal_height=str(HEIGHT), mathjax_url=MATHJAX_URL,
                           require_js_url="require.js")  # the local copy: the deck loads reveal.js through it
 
 
 def build_slides(out: Path = SLIDES_DIR, notebooks: Path = NOTEBOOK_DIR) -> list[Path]:
-    """Write one reveal.js deck per notebook (``NN_name.slides.html``) into ``out``, with reveal.js and MathJax.
+    """Write one reveal.js deck per lecture (``NN_name.slides.html``) into ``out``, with reveal.js and MathJax.
+
+    The lectures are the README syllabus's (never the lab book's); cells
+    tagged ``evidence`` are left out (``exporter``).
 
     Returns:
         The written decks, in syllabus order.

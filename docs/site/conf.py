@@ -1,11 +1,13 @@
 """Sphinx configuration of the course site (``make site``; ``course_utils/tooling/site.py`` stages the sources).
 
 The notebooks are rendered by MyST-NB from their committed outputs (never
-executed) with sphinx-book-theme: a sidebar in syllabus order, the page's
-contents, Sphinx's full-text search, download buttons (the notebook, and its
-student version from ``release/``), launch buttons for Binder and JupyterHub,
-dark mode. Nothing is loaded from the network when a page is viewed: maths uses
-a local MathJax 2, and widget outputs show their still image, not the widget.
+executed) with sphinx-book-theme: a sidebar in syllabus order (the lectures,
+then the lab book), the page's contents, Sphinx's full-text search, download
+buttons (the notebook, and a lecture's student version from ``release/``),
+launch buttons for Binder and JupyterHub, dark mode. Cells tagged ``evidence``
+are left out of the pages (``site.read_page``); the downloads keep them.
+Nothing is loaded from the network when a page is viewed: maths uses a local
+MathJax 2, and widget outputs show their still image, not the widget.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from sphinx.errors import ExtensionError
 
-from course_utils.tooling.site import (EXTRA, MATHJAX_CONFIG, MATHJAX_HUB_CONFIG, RELEASE, course_title,
+from course_utils.tooling.site import (EXTRA, LAB, MATHJAX_CONFIG, MATHJAX_HUB_CONFIG, RELEASE, course_title,
                                        launch_urls, mathjax_source)
 
 project = course_title()
@@ -25,6 +27,8 @@ exclude_patterns = [EXTRA, "**.ipynb_checkpoints"]
 
 # Render the committed outputs; never execute.
 nb_execution_mode = "off"
+# Every notebook is read by site.read_page, which drops the cells tagged "evidence" from the page (in memory).
+nb_custom_formats = {".ipynb": ["course_utils.tooling.site.read_page", {}, False]}
 myst_enable_extensions = ["dollarmath", "amsmath"]
 # A widget (ipywidgets) is not rendered: its output's still image is shown, and no widget JavaScript is loaded.
 nb_mime_priority_overrides = [("*", "application/vnd.jupyter.widget-view+json", None)]
@@ -57,8 +61,8 @@ html_theme_options = {
 
 
 def _add_student_version(app, pagename, templatename, context, doctree):
-    """Add the student version (``release/NN_name.ipynb``) to a notebook page's download menu."""
-    if context.get("page_source_suffix") != ".ipynb":
+    """Add the student version (``release/NN_name.ipynb``) to a lecture's download menu (the lab book has none)."""
+    if context.get("page_source_suffix") != ".ipynb" or pagename.startswith(f"{LAB}/"):
         return
     released = f"{RELEASE}/{pagename}.ipynb"
     if not (Path(app.srcdir) / EXTRA / released).is_file():
