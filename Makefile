@@ -56,6 +56,10 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_OFFLINE := --LabApp.news_url=None \
 	--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate
 
+# The learner's kernel keeps IPython's own cell names: with the tests' fixed name, a traceback through a
+# function defined in an earlier cell cannot show that cell's line.
+LAB_ENV := env -u IPYKERNEL_CELL_NAME
+
 # Extra JupyterLab options, e.g. LAB_ARGS="--no-browser --port=8890" (the browser test uses it).
 LAB_ARGS ?=
 
@@ -63,11 +67,11 @@ LAB_ARGS ?=
 LEARNER ?= my-notebooks
 
 lab: setup
-	$(BIN)/python -m course_utils.tooling.grading release --out "$(LEARNER)" --quiet
-	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_OFFLINE) $(LAB_ARGS) --notebook-dir=. "$(LEARNER)/00_orientation.ipynb"
+	$(BIN)/python -m course_utils.tooling.grading release --out "$(LEARNER)" --quiet --self-study
+	$(LAB_ENV) $(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_OFFLINE) $(LAB_ARGS) --notebook-dir=. "$(LEARNER)/00_orientation.ipynb"
 
 lab-instructor: setup
-	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_OFFLINE) $(LAB_ARGS) --notebook-dir=. notebooks/00_orientation.ipynb
+	$(LAB_ENV) $(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_OFFLINE) $(LAB_ARGS) --notebook-dir=. notebooks/00_orientation.ipynb
 
 test: setup
 	@$(BIN)/python -c "from course_utils.core.portable import main; main(['--describe'])"

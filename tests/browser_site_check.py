@@ -179,20 +179,26 @@ def test_no_request_leaves_the_machine_and_no_script_fails(site_visit):
 def test_next_and_previous_walk_the_notebooks_in_syllabus_order(browser, server):
     visitor = Visitor(browser, server)
     page = visitor.open(f"site/{ENTRIES[0].page}")
-    titles = [e.title[:4] for e in ENTRIES]  # "03 ·"
-    seen = [page.inner_text("article h1")[:4]]
+    # the lectures in syllabus order ("03 ·"), then the lab book's notebooks in the order of their lectures ("Lab 01")
+    titles = [e.title[:4] for e in ENTRIES] + [f"Lab {Path(f).name[:2]}" for e in ENTRIES for f in e.lab]
+
+    def heading() -> str:
+        text = page.inner_text("article h1")
+        return text[:6] if text.startswith("Lab ") else text[:4]
+
+    seen = [heading()]
     while page.locator("a.right-next").count():
         page.click("a.right-next")
         page.wait_for_load_state("load")
-        seen.append(page.inner_text("article h1")[:4])
+        seen.append(heading())
         assert len(seen) <= len(titles), f"'next' goes past the last notebook: {seen}"
-    assert seen == titles, "'next' from the first notebook visits every notebook in syllabus order"
+    assert seen == titles, "'next' from the first notebook visits every lecture in syllabus order, then the lab book"
     back = [seen[-1]]
     while len(back) < len(titles):
         page.click("a.left-prev")
         page.wait_for_load_state("load")
-        back.append(page.inner_text("article h1")[:4])
-    assert back == titles[::-1], "'previous' walks back in syllabus order"
+        back.append(heading())
+    assert back == titles[::-1], "'previous' walks back in the same order"
     assert not visitor.remote_requests() and not visitor.errors
 
 

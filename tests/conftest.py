@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))  # the lectures
+LAB = sorted((ROOT / "notebooks" / "lab").glob("[0-9][0-9]_*.ipynb"))  # the lab book: optional, never graded
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ import nbformat
 import pytest
 
 from buggy_answers import BUGGY
-from conftest import NOTEBOOKS, ROOT
+from conftest import LAB, NOTEBOOKS, ROOT
 from helpers import SOLUTION
 from course_utils.experiments import loop
 from course_utils.tooling import grading, written
@@ -185,7 +185,7 @@ def test_grading_command_line_reports_a_missing_folder(tmp_path):
 def test_release_keeps_a_learners_edited_notebook(tmp_path):
     out = tmp_path / "release"
     first = grading.release(out=out)
-    assert [p.name for p in first] == [p.name for p in NOTEBOOKS]
+    assert [p.relative_to(out).as_posix() for p in first] == [p.name for p in NOTEBOOKS] + [f"lab/{p.name}" for p in LAB]
     edited = out / NOTEBOOKS[0].name
     edited.write_text(edited.read_text(encoding="utf-8").replace("# YOUR CODE HERE", "# my attempt"), encoding="utf-8")
     mine = edited.read_bytes()
@@ -197,7 +197,45 @@ def test_release_keeps_a_learners_edited_notebook(tmp_path):
     (out / ".released.json").write_text(json.dumps(manifest))
     third = grading.release(out=out)
     assert edited.read_bytes() == mine and edited not in third, "... except the notebook the learner edited"
-    assert len(third) == len(NOTEBOOKS) - 1
+    assert len(third) == len(NOTEBOOKS) + len(LAB) - 1
     edited.unlink()
     assert edited in grading.release(out=out)  # deleted -> fresh copy
     assert "my attempt" not in edited.read_text(encoding="utf-8")
+
+
+def test_the_lab_book_is_released_as_it_is_and_never_graded(released):
+    for path in LAB:
+        assert (released / "lab" / path.name).read_bytes() == path.read_bytes(), "a lab notebook is released as it is"
+        nb = nbformat.read(path, as_version=4)
+        assert not [c for c in nb.cells if "nbgrader" in c.metadata], f"{path.name}: the lab book is never graded"
+
+
+def test_a_self_study_copy_shows_a_model_answer_only_once_the_learners_is_saved(tmp_path, monkeypatch):
+    from IPython import display as ipython_display
+
+    from course_utils.checks import show_model_answer
+
+    graded, own = tmp_path / "release", tmp_path / "my notebooks"
+    grading.release(out=graded)
+    grading.release(out=own, self_study=True)
+    assert not (graded / ".model_answers").exists(), "the graded release has no model answers"
+    path = NOTEBOOKS[0]
+    question = written.questions(path)[0]
+    for folder, cells_after in ((graded, 0), (own, 1)):
+        nb = nbformat.read(folder / path.name, as_version=4)
+        calls = [c for c in nb.cells if "show_model_answer(" in c.source]
+        assert len(calls) == cells_after * len(written.questions(path)), folder
+    nb = nbformat.read(own / path.name, as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if written.is_written(c))
+    assert f"show_model_answer({path.stem!r}, {question.grade_id!r})" in nb.cells[at + 1].source
+    shown = []
+    monkeypatch.setattr(ipython_display, "display", lambda obj: shown.append(obj.data))
+    monkeypatch.chdir(own)  # the kernel of a learner's notebook runs in its folder
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    show_model_answer(path.stem, question.grade_id)  # the answer still "YOUR ANSWER HERE": nothing shown
+    assert shown == []
+    nb.cells[at].source = "Masks keep the padding out of the softmax."
+    nbformat.write(nb, own / path.name)
+    monkeypatch.setenv("JPY_SESSION_NAME", str(own / path.name))
+    show_model_answer(path.stem, question.grade_id)
+    assert shown == [question.rubric], "once the answer is saved, the model answer and rubric are shown"

@@ -20,11 +20,13 @@ import course_utils
 from course_utils.checks import hints
 from course_utils.tooling import written
 
-from conftest import NOTEBOOKS
+from conftest import LAB, NOTEBOOKS
 
-# Pitfalls come after the exercises, so that they give no answer away.
+# Pitfalls come after the exercises, so that they give no answer away; a lecture may leave them to its lab book.
 SECTIONS = ["## Learning objectives", "## Setup", "## Notation", "## Exercises", "## Common pitfalls",
             "## Summary", "## Further reading"]
+OPTIONAL = {"## Common pitfalls"}
+EVERY = NOTEBOOKS + LAB  # lectures and the lab book's notebooks
 MACHINE_PATH = re.compile(r"(/(root|tmp|work|home|Users|private/var)/|[A-Z]:\\\\)")
 ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 VOLATILE = re.compile(r"it/s\]|s/it\]|\d{4}-\d\d-\d\dT\d\d:\d\d")
@@ -51,6 +53,19 @@ def _output_text(output) -> str:
     return "\n".join(parts)
 
 
+@pytest.mark.parametrize("path", LAB, ids=_ids(LAB))
+def test_a_lab_notebook_backs_its_lecture_and_is_never_graded(path):
+    nb = _read(path)
+    lecture = [p for p in NOTEBOOKS if p.name[:2] == path.name[:2]]
+    assert lecture, f"{path.name}: no lecture {path.name[:2]} for this lab notebook"
+    first = nb.cells[0].source
+    assert re.match(rf"# Lab {path.name[:2]} · \S", first), "first cell starts with '# Lab NN · Title'"
+    assert "*Lab book, optional.*" in first and "*Runtime:*" in first
+    assert not [c for c in nb.cells if "nbgrader" in c.metadata], "the lab book is never graded"
+    text = "\n".join(c.source for c in _read(lecture[0]).cells if c.cell_type == "markdown")
+    assert f"lab/{path.name}" in text, f"{lecture[0].name} points to its lab notebook lab/{path.name}"
+
+
 def test_there_are_notebooks():
     assert NOTEBOOKS, "no notebooks/NN_name.ipynb found"
     numbers = [p.name[:2] for p in NOTEBOOKS]
@@ -58,7 +73,7 @@ def test_there_are_notebooks():
     assert numbers[0] == "00"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+@pytest.mark.parametrize("path", EVERY, ids=_ids(EVERY))
 def test_name_size_and_format(path):
     assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), "names are NN_snake_case.ipynb"
     assert path.stat().st_size < 2_000_000, f"{path.name} is {path.stat().st_size / 1e6:.1f} MB; keep it under 2 MB"
@@ -67,14 +82,14 @@ def test_name_size_and_format(path):
     assert nb.metadata["kernelspec"]["name"] == "python3"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+@pytest.mark.parametrize("path", EVERY, ids=_ids(EVERY))
 def test_executed_top_to_bottom_in_one_kernel(path):
     counts = [c.execution_count for c in _read(path).cells if c.cell_type == "code"]
     assert None not in counts, "some code cells were never executed: run `make execute`"
     assert counts == list(range(1, len(counts) + 1)), "cells were not run top to bottom in one fresh kernel"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+@pytest.mark.parametrize("path", EVERY, ids=_ids(EVERY))
 def test_outputs_are_clean(path):
     for i, cell in enumerate(_read(path).cells):
         if cell.cell_type != "code":
@@ -100,8 +115,10 @@ def test_skeleton(path):
     assert "*Prerequisites:*" in first and "*Runtime:*" in first
     positions = []
     for section in SECTIONS:
-        assert re.search(rf"^{re.escape(section)}\s*$", markdown, re.M), f"missing section '{section}'"
-        positions.append(markdown.index(section))
+        present = re.search(rf"^{re.escape(section)}\s*$", markdown, re.M)
+        assert present or section in OPTIONAL, f"missing section '{section}'"
+        if present:
+            positions.append(markdown.index(section))
     assert positions == sorted(positions), f"sections out of order; expected {SECTIONS}"
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert re.search(r"^setup\(", code, re.M), "the Setup section calls setup()"
@@ -157,8 +174,8 @@ def test_one_written_question_graded_by_hand_with_a_rubric(path):
     assert f"{meta['points']:g} point" in question.source, "the question says what it is worth"
     headings = [(j, c.source) for j, c in enumerate(cells) if c.cell_type == "markdown"]
     exercises_at = next(j for j, src in headings if src.startswith("## Exercises"))
-    pitfalls_at = next(j for j, src in headings if src.startswith("## Common pitfalls"))
-    assert exercises_at < i < pitfalls_at, "the written question belongs to the Exercises section"
+    after = next(j for j, src in headings if src.startswith(("## Common pitfalls", "## Summary")))
+    assert exercises_at < i < after, "the written question belongs to the Exercises section"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))

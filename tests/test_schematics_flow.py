@@ -82,6 +82,17 @@ def test_open_exercise_fails_everywhere_a_learners_kernel_included(monkeypatch):
         check_padding_mask(_off_by_one)
 
 
+def test_a_failed_check_says_how_to_go_on():
+    with pytest.raises(CheckError) as failed:
+        check_padding_mask(_off_by_one)
+    message = str(failed.value)
+    assert message.index("off by one") < message.index('Stuck? `hint("_off_by_one")` shows the next hint')
+    assert "Run All runs past this cell" in message and "use yours once it passes" in message
+    with pytest.raises(CheckError) as again:  # said once, at the end, however deep the checker that failed
+        check_padding_mask(_off_by_one)
+    assert str(again.value).count("Stuck?") == 1
+
+
 def test_answer_or_reference_uses_the_answer_only_once_it_passes(capsys):
     assert answer_or_reference(_open, masks.padding_mask, check_padding_mask) is masks.padding_mask
     assert "not written yet" in capsys.readouterr().out
@@ -98,8 +109,10 @@ def test_compare_guess(capsys):
     compare_guess("Keys", "keys")
     compare_guess(1e38, float("inf"), "exp(1000.0)")
     out = capsys.readouterr().out.splitlines()
-    assert out == ["You wrote no guess. Observed, the weight: 0.25.",
-                   "You guessed 0.26; observed, the weight: 0.25 (within 10%).",
-                   "You guessed 2; observed, the weight: 0.25.",
-                   "You guessed 'Keys'; observed, the result: keys (right).",
-                   "You guessed 1e+38; observed, exp(1000.0): inf."]
+    # no guess: nothing of the result is shown (a learner who runs first has not been told every answer)
+    assert out[0] == ("You wrote no guess, so the weight stays hidden here. Write your guess in the cell above, "
+                      "then run it and this cell again.") and "0.25" not in out[0]
+    assert out[1:] == ["You guessed 0.26; observed, the weight: 0.25 (within 10%).",
+                       "You guessed 2; observed, the weight: 0.25.",
+                       "You guessed 'Keys'; observed, the result: keys (right).",
+                       "You guessed 1e+38; observed, exp(1000.0): inf."]

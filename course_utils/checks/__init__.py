@@ -31,7 +31,7 @@ Every checker is tested against known-buggy answers in ``tests/test_checks.py``.
 """
 
 from course_utils.checks.hints import hint
-from course_utils.checks.flow import answer_or_reference, compare_guess, exercise_check
+from course_utils.checks.flow import answer_or_reference, compare_guess, exercise_check, show_model_answer
 from course_utils.checks.core import (
     describe,
     call,

@@ -14,21 +14,32 @@ Three pieces, used from the notebooks' cells:
 * ``answer_or_reference(fn, reference, check)`` is the cell after an exercise:
   it gives back the learner's function once it passes its check, and the
   course's reference until then, and says which one the notebook now uses.
+* ``show_model_answer(notebook, question)`` follows each written question in a
+  self-study copy (``make lab``): once the learner's answer is written and
+  saved, it shows the model answer and its rubric. The graded release has
+  neither the cell nor the answers.
 * ``compare_guess(guess, observed)`` ends a prediction: the learner writes a
-  guess in the cell before, this prints it beside what was observed (not graded).
+  guess in the cell before, this prints it beside what was observed (not graded;
+  without a guess, the result stays hidden).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
 from collections.abc import Callable
 from contextvars import ContextVar
+from pathlib import Path
 from typing import Any, TypeVar
 
 from course_utils.core.errors import CheckError, ExerciseOpen
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+WRITTEN_STUB = "YOUR ANSWER HERE"  # what nbgrader's release puts in a written-answer cell
+MODEL_ANSWERS = ".model_answers"  # beside a self-study copy's notebooks: <notebook>.json, {question: answer and rubric}
 
 _DEPTH: ContextVar[int] = ContextVar("_DEPTH", default=0)
 _PASSED: dict[str, int] = {}  # checker name -> id() of the last function that passed it
@@ -36,6 +47,15 @@ _PASSED: dict[str, int] = {}  # checker name -> id() of the last function that p
 
 def _name(fn: Any) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _going_on(fn: Any) -> str:
+    """What a learner whose answer fails can do next (the end of every failed check's message)."""
+    name = getattr(fn, "__name__", None)
+    stuck = f'`hint("{name}")` shows the next hint' if isinstance(name, str) and name.isidentifier() else \
+        "`hint()` lists the hints"
+    return (f"Stuck? {stuck}. Meanwhile the notebook goes on with the course's version: Run All runs past this cell, "
+            "and the cells after it use yours once it passes.")
 
 
 def exercise_check(check: F) -> F:
@@ -58,6 +78,10 @@ def exercise_check(check: F) -> F:
             raise ExerciseOpen(f"Exercise still open. {exc}\n  Run All goes on past this cell (it is tagged "
                                "raises-exception), on the course's version. Run it again once you have written yours."
                                ) from None
+        except CheckError as exc:
+            if _DEPTH.get() > 1 or type(exc) is not CheckError:
+                raise
+            raise CheckError(f"{exc}\n  {_going_on(fn)}") from None
         finally:
             _DEPTH.reset(token)
         _PASSED[check.__name__] = id(fn)
@@ -102,6 +126,9 @@ def answer_or_reference(fn: Any, reference: Any, check: Callable[..., Any]) -> A
 def compare_guess(guess: Any, observed: Any, what: str = "the result") -> None:
     """Print the learner's guess beside what was observed (a prediction, not graded).
 
+    Without a guess it shows nothing of the result: a learner who runs the
+    notebook first, as most do, has not been told the answer of every prediction.
+
     Args:
         guess: What the learner wrote before running the experiment (``None`` if nothing).
         observed: What the experiment gave (a number, a string or anything printable).
@@ -109,7 +136,8 @@ def compare_guess(guess: Any, observed: Any, what: str = "the result") -> None:
     """
     shown = f"{observed:.3g}" if isinstance(observed, float) else str(observed)
     if guess is None or guess == "" or guess is Ellipsis:
-        print(f"You wrote no guess. Observed, {what}: {shown}.")
+        print(f"You wrote no guess, so {what} stays hidden here. Write your guess in the cell above, then run it "
+              "and this cell again.")
         return
     if isinstance(guess, (int, float)) and isinstance(observed, (int, float)) and not isinstance(guess, bool):
         close = math.isfinite(observed) and abs(guess - observed) <= 0.1 * abs(observed)
@@ -117,3 +145,50 @@ def compare_guess(guess: Any, observed: Any, what: str = "the result") -> None:
         return
     same = str(guess).strip().lower() == str(observed).strip().lower()
     print(f"You guessed {guess!r}; observed, {what}: {shown}" + (" (right)." if same else "."))
+
+
+def _saved_answer(notebook: str, question: str) -> str | None:
+    """The learner's saved text for ``question`` ("" while unwritten), or None when the notebook's file is not found."""
+    session = os.environ.get("JPY_SESSION_NAME", "")  # JupyterLab tells the kernel its notebook's path
+    here = Path.cwd()
+    candidates = [Path(session), here / session, here / Path(session).name] if session else []
+    for path in [*candidates, here / f"{notebook}.ipynb"]:
+        if path.name != f"{notebook}.ipynb" or not path.is_file():
+            continue
+        try:
+            cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        except (OSError, ValueError, KeyError):
+            continue
+        for cell in cells:
+            if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == question:
+                text = "".join(cell.get("source", ""))
+                return "" if text.strip() in ("", WRITTEN_STUB) else text
+    return None
+
+
+def show_model_answer(notebook: str, question: str) -> None:
+    """Self-study: a written question's model answer and rubric, shown once the learner's answer is saved.
+
+    Args:
+        notebook: The notebook's name without ``.ipynb`` ("00_orientation").
+        question: The written question's nbgrader ``grade_id`` ("written_...").
+    """
+    answers_file = Path.cwd() / MODEL_ANSWERS / f"{notebook}.json"
+    try:
+        model = json.loads(answers_file.read_text(encoding="utf-8"))[question]
+    except (OSError, ValueError, KeyError):
+        print(f"No model answer for {question} beside this notebook (looked in {answers_file}). `make lab` "
+              "writes them beside your copy; the graded release has none.")
+        return
+    answer = _saved_answer(notebook, question)
+    if answer is None:
+        print(f"Could not find {notebook}.ipynb in this folder to read your answer. Write and save it, then "
+              "compare it with the model answer and rubric in the file " + str(answers_file) + ".")
+        return
+    if not answer:
+        print("Write your answer in the cell above first, and save the notebook (Ctrl+S). Then run this cell "
+              "again: it shows the model answer and the rubric a marker uses, to compare with yours.")
+        return
+    from IPython.display import Markdown, display
+
+    display(Markdown(model))

@@ -130,6 +130,7 @@ def plot_accuracy_by_length(
     curves: Mapping[str, Mapping[int, float]],
     title: str | None = None,
     longest_training_length: int | None = None,
+    colours: Mapping[str, str] | None = None,
 ) -> Figure:
     """Exact-match accuracy against source length, one line per model (notebooks 01 and 02).
 
@@ -137,6 +138,9 @@ def plot_accuracy_by_length(
         curves: ``{label: {source_length: accuracy in [0, 1]}}``.
         title: Axes title.
         longest_training_length: Draw a dotted vertical line there.
+        colours: ``{label: matplotlib colour}``, so that a model keeps its colour from figure to figure
+            (01 and 02: the plain model at notebook 01's budget is ``"C0"``, the attention model ``"C1"``);
+            default: matplotlib's cycle, in the order of ``curves``.
 
     Returns:
         The Figure.
@@ -154,7 +158,9 @@ def plot_accuracy_by_length(
         values = [accuracy[n] for n in lengths]
         if not all(0.0 <= v <= 1.0 for v in values):
             raise ValueError(f"curve {label!r}: accuracies must be fractions in [0, 1]")
-        ax.plot(lengths, [100 * v for v in values], marker=markers[i % len(markers)], markersize=4, label=label)
+        colour = (colours or {}).get(label, f"C{i}")
+        ax.plot(lengths, [100 * v for v in values], marker=markers[i % len(markers)], markersize=4, label=label,
+                color=colour)
     if longest_training_length is not None:
         ax.axvline(longest_training_length, color="grey", linestyle=":", linewidth=1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -43,6 +43,7 @@ from course_utils.tooling.submissions import Result, assemble, static_flags, val
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
+LAB = "lab"  # the lab book's folder, inside the notebooks' folder and inside a release
 COURSE_ID = "attention-course"
 DEFAULT_TIMEOUT = 180  # seconds per cell when autograding
 MAX_SUBMISSION_BYTES = 50 * 2**20
@@ -58,8 +59,13 @@ class Exercise:
 
 
 def course_notebooks(notebooks_dir: Path = NOTEBOOKS) -> list[Path]:
-    """The course notebooks in a folder, in order."""
+    """The course notebooks (the lectures) in a folder, in order."""
     return sorted(Path(notebooks_dir).glob("[0-9][0-9]_*.ipynb"))
+
+
+def lab_notebooks(notebooks_dir: Path = NOTEBOOKS) -> list[Path]:
+    """The lab book's notebooks (``lab/NN_name.ipynb``, NN the lecture they back), in order: optional, never graded."""
+    return sorted((Path(notebooks_dir) / LAB).glob("[0-9][0-9]_*.ipynb"))
 
 
 def exercises(notebook: Path) -> list[Exercise]:

@@ -62,8 +62,12 @@ import sys
 import time
 from pathlib import Path
 
-from course_utils.tooling.autograder import (DEFAULT_TIMEOUT, NOTEBOOKS, ROOT, Exercise, Job, build_course,
-                                             course_notebooks, exercises, grade_student)
+import nbformat
+
+from course_utils.checks.flow import MODEL_ANSWERS
+from course_utils.tooling import written as written_questions
+from course_utils.tooling.autograder import (DEFAULT_TIMEOUT, LAB, NOTEBOOKS, ROOT, Exercise, Job, build_course,
+                                             course_notebooks, exercises, grade_student, lab_notebooks)
 from course_utils.tooling.grade_report import (MergeError, finish, fingerprint, format_table, load_results, merge,
                                                save_results, write_grades_csv)
 from course_utils.tooling.submissions import Result, find_submissions
@@ -74,8 +78,16 @@ __all__ = ["DEFAULT_TIMEOUT", "Exercise", "MergeError", "Shard", "autograde", "b
            "exercises", "format_table", "merge", "release", "write_grades_csv"]
 
 
-def release(out: Path = BUILD / "release", notebooks_dir: Path = NOTEBOOKS, quiet: bool = False) -> list[Path]:
-    """Write the student version of every notebook (no solutions, no hidden tests, no outputs).
+def release(out: Path = BUILD / "release", notebooks_dir: Path = NOTEBOOKS, quiet: bool = False,
+            self_study: bool = False) -> list[Path]:
+    """Write the student version of every notebook (no solutions, no hidden tests, no outputs), and the lab book.
+
+    The lab book's notebooks (``lab/``: optional, never graded) are copied as
+    they are, outputs included, into ``out/lab/``. A self-study copy (``make
+    lab``) also gets, after each written question, a cell that shows the model
+    answer and rubric once the learner's own answer is saved
+    (``checks.show_model_answer``), and those answers in ``out/.model_answers/``;
+    the graded release (``make release``) has neither.
 
     A learner works in these files, so a file changed since it was released is
     kept, never overwritten; delete it to get a fresh copy. What was released
@@ -87,32 +99,66 @@ def release(out: Path = BUILD / "release", notebooks_dir: Path = NOTEBOOKS, quie
         out: Folder for the student notebooks.
         notebooks_dir: Folder of instructor notebooks.
         quiet: Do not print which edited notebooks were kept.
+        self_study: Add the written questions' model answers (a learner's own copy, never a graded release).
 
     Returns:
         The student notebooks written (kept ones are not included).
     """
     notebooks = course_notebooks(notebooks_dir)
+    lab = lab_notebooks(notebooks_dir)
     manifest_path = out / ".released.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    sources = {nb.name: _sha256(nb) for nb in notebooks}
-    if manifest.get("sources") == sources and all((out / nb.name).exists() for nb in notebooks):
+    sources = {name: _sha256(nb) for name, nb in _released_names(notebooks, lab).items()}
+    sources["self_study"] = str(self_study)
+    if manifest.get("sources") == sources and all((out / name).exists() for name in _released_names(notebooks, lab)):
         return []  # released from these very notebooks, and nothing deleted since
     course = BUILD / "nbgrader-release"
     build_course(notebooks, course)
     out.mkdir(parents=True, exist_ok=True)
+    if self_study:
+        (out / MODEL_ANSWERS).mkdir(exist_ok=True)
     written = []
-    for nb in notebooks:
-        target = out / nb.name
-        if target.exists() and _sha256(target) != manifest.get(nb.name):
+    for name, source in _released_names(notebooks, lab).items():
+        target = out / name
+        if self_study and source in notebooks:  # the answers are rewritten even when the learner's copy is kept
+            answers = {q.grade_id: q.rubric for q in written_questions.questions(source)}
+            (out / MODEL_ANSWERS / f"{source.stem}.json").write_text(json.dumps(answers, indent=1), encoding="utf-8")
+        if target.exists() and _sha256(target) != manifest.get(name):
             if not quiet:
-                print(f"kept {target.name}: you changed it since it was released (delete it for a fresh copy)")
+                print(f"kept {name}: you changed it since it was released (delete it for a fresh copy)")
             continue
-        shutil.copyfile(course / "release" / nb.stem / nb.name, target)
-        manifest[nb.name] = _sha256(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source in notebooks:
+            student = nbformat.read(course / "release" / source.stem / source.name, as_version=4)
+            nbformat.write(_with_model_answer_cells(student, source.stem) if self_study else student, target)
+        else:
+            shutil.copyfile(source, target)
+        manifest[name] = _sha256(target)
         written.append(target)
     manifest["sources"] = sources
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return written
+
+
+def _released_names(notebooks: list[Path], lab: list[Path]) -> dict[str, Path]:
+    """Where each notebook goes in a release, relative to its folder: ``NN_name.ipynb``, ``lab/NN_name.ipynb``."""
+    return {**{nb.name: nb for nb in notebooks}, **{f"{LAB}/{nb.name}": nb for nb in lab}}
+
+
+def _with_model_answer_cells(nb: nbformat.NotebookNode, stem: str) -> nbformat.NotebookNode:
+    """A self-study copy: after each written question's answer cell, a cell that shows its model answer."""
+    cells = []
+    for cell in nb.cells:
+        cells.append(cell)
+        if written_questions.is_written(cell):
+            question = cell.metadata["nbgrader"]["grade_id"]
+            cells.append(nbformat.v4.new_code_cell(
+                "# Studying on your own? Write your answer in the cell above and save the notebook (Ctrl+S);\n"
+                "# then this cell shows the model answer and the rubric a marker would use.\n"
+                "from course_utils.checks import show_model_answer\n\n"
+                f"show_model_answer({stem!r}, {question!r})"))
+    nb.cells = cells
+    return nb
 
 
 def _sha256(path: Path) -> str:
@@ -284,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     rel = sub.add_parser("release", help="write the student notebooks")
     rel.add_argument("--out", type=Path, default=BUILD / "release")
     rel.add_argument("--quiet", action="store_true", help="print one line, not one per notebook")
+    rel.add_argument("--self-study", action="store_true",
+                     help="a learner's own copy (make lab): add each written question's model answer, shown once "
+                          "the learner's answer is saved (never for a graded release)")
     grade = sub.add_parser("autograde", help="grade a folder of submissions (one sub-folder per student)")
     grade.add_argument("submissions", type=Path)
     grade.add_argument("--out", type=Path, default=None,
@@ -304,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     mrg.add_argument("--marks", type=Path, default=None, help="marks for the written questions")
     args = parser.parse_args(argv)
     if args.command == "release":
-        written = release(args.out, quiet=args.quiet)
+        written = release(args.out, quiet=args.quiet, self_study=args.self_study)
         if args.quiet:
             print(f"your notebooks are in {args.out}/ ({len(written)} written or updated; those you edited are kept)")
         for path in [] if args.quiet else written:

@@ -26,7 +26,9 @@ from pathlib import Path
 
 import nbformat
 
-STUB = "YOUR ANSWER HERE"  # what nbgrader's release puts in a written-answer cell
+from course_utils.checks.flow import WRITTEN_STUB
+
+STUB = WRITTEN_STUB  # what nbgrader's release puts in a written-answer cell
 MARKS_COLUMNS = ["student", "notebook", "question", "points", "max_points"]
 
 
