@@ -2,11 +2,12 @@
 
 The paragraph after notebook 01's beam search experiment says that over the notebook's
 model and two retrained from other seeds (training seeds 0, 1 and 2), each searched with
-beams of 3 and of 5 (beam_size), beam search moved exact match by -3 to +8 points at any
-source length, and that 99.4% to 100% of the wrong outputs were model errors (the model
-scores its wrong output above the target). The notebook runs seed 0 with beam_size 5; this
-test re-runs all six settings (about 75 s) and asserts what those numbers show, with margins
-that another CPU's float path cannot break: a few points at most, 99% or more.
+beams of 3 and of 5 (beam_size), beam search moved exact match by a few points at most at
+any source length, and that 99% or more of the wrong outputs were model errors (the model
+scores its wrong output above the target); measured on the course machine, -3 to +8 points
+and 99.4% to 100%. The notebook runs seed 0 with beam_size 5; this test re-runs all six
+settings (about 75 s) and asserts the sentence, with margins that another CPU's float path
+cannot break.
 """
 
 from __future__ import annotations

@@ -91,6 +91,10 @@ def test_a_failed_check_says_how_to_go_on():
     with pytest.raises(CheckError) as again:  # said once, at the end, however deep the checker that failed
         check_padding_mask(_off_by_one)
     assert str(again.value).count("Stuck?") == 1
+    # a pitfall's demonstration shows the bug only: the function shown is not the learner's
+    from course_utils.checks import expect_failure
+
+    assert "Stuck?" not in expect_failure(check_padding_mask, _off_by_one) and "off by one" in again.value.finding
 
 
 def test_answer_or_reference_uses_the_answer_only_once_it_passes(capsys):

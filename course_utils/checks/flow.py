@@ -81,7 +81,9 @@ def exercise_check(check: F) -> F:
         except CheckError as exc:
             if _DEPTH.get() > 1 or type(exc) is not CheckError:
                 raise
-            raise CheckError(f"{exc}\n  {_going_on(fn)}") from None
+            failed = CheckError(f"{exc}\n  {_going_on(fn)}")
+            failed.finding = str(exc)  # what the check found, for expect_failure's demonstrations
+            raise failed from None
         finally:
             _DEPTH.reset(token)
         _PASSED[check.__name__] = id(fn)
