@@ -11,6 +11,7 @@ browser-test``) checks the same site in a browser.
 
 from __future__ import annotations
 
+import posixpath
 import re
 
 import nbformat
@@ -70,9 +71,9 @@ def test_every_notebook_has_a_page_and_the_sidebar_and_index_list_them_in_syllab
     assert "<th class=\"head\"><p>lab book</p></th>" in table
     for page in pages:
         name = page.relative_to(out).as_posix()
-        up = "../" if name.startswith("lab/") else ""
         captions, links = _sidebar(page.read_text(encoding="utf-8"))
-        expected = [("#" if target == name else up + target) for target in [e.page for e in entries] + lab]
+        here = posixpath.dirname(name) or "."
+        expected = [("#" if target == name else posixpath.relpath(target, here)) for target in [e.page for e in entries] + lab]
         assert links == expected, f"{name}: the sidebar lists the lectures, then the lab book, in syllabus order"
         assert captions == (["Lectures", "Lab book"] if lab else ["Lectures"]), f"{name}: the sidebar's sections"
     for entry, page in zip(entries, pages[1:]):
