@@ -239,3 +239,20 @@ def test_a_self_study_copy_shows_a_model_answer_only_once_the_learners_is_saved(
     monkeypatch.setenv("JPY_SESSION_NAME", str(own / path.name))
     show_model_answer(path.stem, question.grade_id)
     assert shown == [question.rubric], "once the answer is saved, the model answer and rubric are shown"
+
+
+def test_a_print_cut_into_pieces_by_the_kernel_reads_as_one_output(tmp_path):
+    """On a busy machine the kernel may flush one cell's prints in two pieces: feedback must not depend on it."""
+    from course_utils.tooling import autograder
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("print('a'); print('b')")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="a\n"),
+                    nbformat.v4.new_output("stream", name="stdout", text="b\n"),
+                    nbformat.v4.new_output("stream", name="stderr", text="warn\n")]
+    nb.cells.append(cell)
+    path = tmp_path / "x.ipynb"
+    nbformat.write(nb, path)
+    autograder._coalesce_streams(path)
+    outputs = nbformat.read(path, as_version=4).cells[0].outputs
+    assert [(o.name, o.text) for o in outputs] == [("stdout", "a\nb\n"), ("stderr", "warn\n")]

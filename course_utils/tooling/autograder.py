@@ -348,11 +348,27 @@ def _grade_notebook(api, course: Path, out: Path, student: str, stem: str, path:
             return _stopped(course, student, stem, budget.breach, flags)
     points, gradebook_flags = scores(course / "gradebook.db", stem, student, exercises(source_nb))
     points, verdict_flags = verdict.combine(points, outcomes)  # the score cannot exceed the verdict's
+    _coalesce_streams(course / "autograded" / student / stem / f"{stem}.ipynb")
     with quiet():  # the student's copy with a score and a comment under every graded cell
         api.generate_feedback(stem, student, force=True)
     return Result(student, stem, scores=points, flags=flags + gradebook_flags + verdict_flags,
                   written=written_questions.answers(graded_nb),
                   unmarked=[q.grade_id for q in written_questions.questions(source_nb)])
+
+
+def _coalesce_streams(path: Path) -> None:
+    """Join each cell's consecutive prints into one output, as Jupyter shows them.
+
+    The kernel sends what a cell prints in pieces, cut wherever its output
+    buffer happened to be flushed, so on a busy machine one print can land in
+    two outputs. Joined, the autograded notebook and its feedback page depend
+    only on what was printed, not on when.
+    """
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
+
+    nb = nbformat.read(path, as_version=4)
+    CoalesceStreamsPreprocessor().preprocess(nb, {})
+    nbformat.write(nb, path)
 
 
 def _stopped(course: Path, student: str, stem: str, reason: str, flags: list[str]) -> Result:
