@@ -36,10 +36,10 @@ _BEAM = ("def beam_search(model, src, src_lengths, beam_size, max_len, sos_id=1,
 
 BUGGY = {
     "00_orientation": {
-        # True marks padding instead of real tokens
-        "padding_mask": (
-            "def padding_mask(lengths, S):\n"
-            "    return (torch.arange(S)[None, :] >= lengths[:, None])[:, None, :]\n"
+        # the (B, 1, S) mask of three-axis scores, whatever the scores: wrong with heads
+        "padding_mask_for": (
+            "def padding_mask_for(lengths, scores):\n"
+            "    return (torch.arange(scores.shape[-1])[None, :] < lengths[:, None])[:, None, :]\n"
         ),
         # keys times queries: (B, S, T)
         "pairwise_scores": (
@@ -327,12 +327,24 @@ _CAUSAL = ("def causal_tiled_attention(q, k, v, block_size):\n"
 _CAUSAL_MASK = ("                cols = torch.arange(k_start, k_start + k_block.shape[-2])\n"
                 "                scores = scores.masked_fill(cols[None, :] > rows[:, None], float('-inf'))\n")
 NEW_KINDS = {
-    "padding_mask": [
-        ("a squeeze that breaks at B = 1", "def padding_mask(lengths, S):\n"
-         "    return (torch.arange(S)[None, :] < lengths[:, None]).squeeze()[..., None, :]\n", "B = 1"),
-        ("calls the reference", "def padding_mask(lengths, S):\n"
-         "    from course_utils.blocks.masks import padding_mask as reference\n"
-         "    return reference(lengths, S)\n", "calls the course's reference"),
+    "padding_mask_for": [
+        ("True marks the padding", "def padding_mask_for(lengths, scores):\n"
+         "    real = torch.arange(scores.shape[-1]) >= lengths[:, None]\n"
+         "    return real.view(len(lengths), *[1] * (scores.dim() - 2), scores.shape[-1])\n", "True marks the padding"),
+        ("the full shape of the scores", "def padding_mask_for(lengths, scores):\n"
+         "    real = torch.arange(scores.shape[-1]) < lengths[:, None]\n"
+         "    return real.view(len(lengths), *[1] * (scores.dim() - 2), scores.shape[-1]).expand(scores.shape)\n",
+         "full shape of the scores"),
+        ("a squeeze that breaks at B = 1", "def padding_mask_for(lengths, scores):\n"
+         "    real = (torch.arange(scores.shape[-1]) < lengths[:, None]).squeeze()\n"
+         "    return real[:, *[None] * (scores.dim() - 2), :]\n", "B = 1"),
+        ("calls the reference", "def padding_mask_for(lengths, scores):\n"
+         "    from course_utils.blocks.masks import padding_mask_for as reference\n"
+         "    return reference(lengths, scores)\n", "calls the course's reference"),
+        ("builds on the course's padding_mask", "def padding_mask_for(lengths, scores):\n"
+         "    from course_utils import padding_mask\n"
+         "    return padding_mask(lengths, scores.shape[-1]).view(len(lengths), *[1] * (scores.dim() - 2), -1)\n",
+         "calls the course's reference"),
     ],
     "pairwise_scores": [
         ("detached output", "def pairwise_scores(q, k):\n    return (q @ k.transpose(-2, -1)).detach()\n",

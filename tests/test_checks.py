@@ -13,7 +13,7 @@ from course_utils.checks import (
     call,
     check_close,
     check_masked_softmax,
-    check_padding_mask,
+    check_padding_mask_for,
     check_pairwise_scores,
     check_tensor,
     expect_failure,
@@ -114,29 +114,40 @@ def test_checkers_accept_the_notebook_solution(stem, grade_id, capsys):
     assert capsys.readouterr().out.count("all checks passed") == source.count("check_") >= 2
 
 
-def _inplace_mask(lengths, S):
-    lengths.clamp_(max=S)
-    lengths -= 0  # noqa: PLW0127
+def _inplace_mask(lengths, scores):
+    lengths.clamp_(max=scores.shape[-1])
     lengths[0] = 0
-    return masks.padding_mask(lengths, S)
+    return masks.padding_mask_for(lengths, scores)
+
+
+def _shaped(real, lengths, scores):
+    return real.view(len(lengths), *[1] * (scores.dim() - 2), scores.shape[-1])
 
 
 PADDING_BUGS = [
-    (lambda lengths, S: None, "got None"),
-    (lambda lengths, S: (torch.arange(S)[None, :] >= lengths[:, None])[:, None, :], "True marks the padding"),
-    (lambda lengths, S: (torch.arange(S)[None, :] <= lengths[:, None])[:, None, :], "off by one"),
-    (lambda lengths, S: torch.arange(S)[None, :] < lengths[:, None], "the query axis is missing"),
-    (lambda lengths, S: (torch.arange(S)[None, :] < lengths[:, None])[:, :, None], "singleton axis is in the wrong place"),
-    (lambda lengths, S: (torch.arange(S)[None, :] < lengths[:, None])[:, None, :].float(), "expected a bool mask"),
-    (lambda lengths, S: torch.arange(S) < lengths, "padding_mask raised RuntimeError"),
-    (_inplace_mask, "changed `lengths` in place"),
+    (lambda lengths, scores: None, "got None"),
+    (lambda lengths, scores: _shaped(torch.arange(scores.shape[-1]) >= lengths[:, None], lengths, scores),
+     "True marks the padding"),
+    (lambda lengths, scores: _shaped(torch.arange(scores.shape[-1]) <= lengths[:, None], lengths, scores),
+     "off by one"),
+    (lambda lengths, scores: torch.arange(scores.shape[-1])[None, :] < lengths[:, None], "axes between B and S are missing"),
+    (lambda lengths, scores: (torch.arange(scores.shape[-1])[None, :] < lengths[:, None])[:, None, :],
+     "its B meets the heads"),
+    (lambda lengths, scores: (torch.arange(scores.shape[-1]) < lengths[:, None])[:, :, None],
+     "size-1 axis is in the wrong place"),
+    (lambda lengths, scores: _shaped(torch.arange(scores.shape[-1]) < lengths[:, None], lengths, scores).expand(
+        scores.shape), "full shape of the scores"),
+    (lambda lengths, scores: _shaped(torch.arange(scores.shape[-1]) < lengths[:, None], lengths, scores).float(),
+     "expected a bool mask"),
+    (lambda lengths, scores: torch.arange(scores.shape[-1]) < lengths, "padding_mask_for raised RuntimeError"),
+    (_inplace_mask, "changed `lengths` or `scores` in place"),
 ]
 
 
 @pytest.mark.parametrize(("buggy", "fragment"), PADDING_BUGS)
-def test_check_padding_mask_names_the_bug(buggy, fragment):
+def test_check_padding_mask_for_names_the_bug(buggy, fragment):
     with pytest.raises(CheckError) as err:
-        check_padding_mask(buggy)
+        check_padding_mask_for(buggy)
     assert fragment in str(err.value)
 
 
@@ -790,7 +801,7 @@ def test_new_kinds_of_buggy_answers_are_rejected_with_a_message_that_names_the_b
 
 # The course's own function for each exercise's job: a learner must not hand it in, nor call it.
 REFERENCES = {
-    "padding_mask": masks.padding_mask,
+    "padding_mask_for": masks.padding_mask_for,
     "pairwise_scores": attention.pairwise_scores,
     "masked_softmax": attention.masked_softmax,
     "final_states": seq2seq.final_states,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from course_utils.blocks import masks
-from course_utils.checks import CheckError, answer_or_reference, check_padding_mask, compare_guess
+from course_utils.checks import CheckError, answer_or_reference, check_padding_mask_for, compare_guess
 from course_utils.core.errors import ExerciseOpen, InputError
 from course_utils.experiments.schematics import KINDS, Schematic
 
@@ -57,52 +57,52 @@ def test_schematic_bad_input_says_what_to_do(build, words):
         Schematic(0, 3)
 
 
-def _open(lengths, S):
+def _open(lengths, scores):
     raise NotImplementedError()
 
 
-def _right(lengths, S):
-    return torch.arange(S)[None, None, :] < lengths[:, None, None]
+def _right(lengths, scores):
+    return (torch.arange(scores.shape[-1]) < lengths[:, None]).view(len(lengths), *[1] * (scores.dim() - 2), -1)
 
 
-def _off_by_one(lengths, S):
-    return torch.arange(S)[None, None, :] <= lengths[:, None, None]
+def _off_by_one(lengths, scores):
+    return (torch.arange(scores.shape[-1]) <= lengths[:, None]).view(len(lengths), *[1] * (scores.dim() - 2), -1)
 
 
 def test_open_exercise_fails_everywhere_a_learners_kernel_included(monkeypatch):
     import IPython
 
     with pytest.raises(ExerciseOpen, match="not written yet"):
-        check_padding_mask(_open)
+        check_padding_mask_for(_open)
     # in a notebook kernel, as a learner or any grader runs it: the check still fails (grading fails closed)
     monkeypatch.setattr(IPython, "get_ipython", lambda: SimpleNamespace(kernel=object()))
     with pytest.raises(ExerciseOpen, match="(?s)Exercise still open.*not written yet.*raises-exception"):
-        check_padding_mask(_open)
+        check_padding_mask_for(_open)
     with pytest.raises(CheckError, match="off by one"):  # a wrong answer fails too, with its bug named
-        check_padding_mask(_off_by_one)
+        check_padding_mask_for(_off_by_one)
 
 
 def test_a_failed_check_says_how_to_go_on():
     with pytest.raises(CheckError) as failed:
-        check_padding_mask(_off_by_one)
+        check_padding_mask_for(_off_by_one)
     message = str(failed.value)
     assert message.index("off by one") < message.index('Stuck? `hint("_off_by_one")` shows the next hint')
     assert "Run All runs past this cell" in message and "use yours once it passes" in message
     with pytest.raises(CheckError) as again:  # said once, at the end, however deep the checker that failed
-        check_padding_mask(_off_by_one)
+        check_padding_mask_for(_off_by_one)
     assert str(again.value).count("Stuck?") == 1
     # a pitfall's demonstration shows the bug only: the function shown is not the learner's
     from course_utils.checks import expect_failure
 
-    assert "Stuck?" not in expect_failure(check_padding_mask, _off_by_one) and "off by one" in again.value.finding
+    assert "Stuck?" not in expect_failure(check_padding_mask_for, _off_by_one) and "off by one" in again.value.finding
 
 
 def test_answer_or_reference_uses_the_answer_only_once_it_passes(capsys):
-    assert answer_or_reference(_open, masks.padding_mask, check_padding_mask) is masks.padding_mask
+    assert answer_or_reference(_open, masks.padding_mask_for, check_padding_mask_for) is masks.padding_mask_for
     assert "not written yet" in capsys.readouterr().out
-    assert answer_or_reference(_off_by_one, masks.padding_mask, check_padding_mask) is masks.padding_mask
+    assert answer_or_reference(_off_by_one, masks.padding_mask_for, check_padding_mask_for) is masks.padding_mask_for
     assert "does not pass its check yet" in capsys.readouterr().out
-    assert answer_or_reference(_right, masks.padding_mask, check_padding_mask) is _right
+    assert answer_or_reference(_right, masks.padding_mask_for, check_padding_mask_for) is _right
     assert "uses your `_right`" in capsys.readouterr().out
 
 

@@ -27,6 +27,22 @@ def padding_mask(lengths: torch.Tensor, S: int) -> torch.Tensor:
     return (positions[None, :] < lengths[:, None])[:, None, :]  # (1, S) < (B, 1) -> (B, S) -> (B, 1, S)
 
 
+def padding_mask_for(lengths: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """Padding mask shaped to broadcast against ``scores``, whatever the axes between the batch and the keys.
+
+    Args:
+        lengths: (B,) int64, the true length of each sequence, each in [0, S].
+        scores: (B, T, S), or (B, H, T, S) with heads, or any (B, ..., S).
+
+    Returns:
+        (B, 1, S) bool for (B, T, S) scores, (B, 1, 1, S) for (B, H, T, S): True where
+        key j < lengths[b], with one size-1 axis for each axis between B and S.
+    """
+    B, S = scores.shape[0], scores.shape[-1]
+    real = torch.arange(S, device=lengths.device) < lengths[:, None]  # (S,) < (B, 1) -> (B, S)
+    return real.view(B, *[1] * (scores.dim() - 2), S)  # (B, 1, ..., 1, S)
+
+
 def causal_mask(T: int, S: int | None = None) -> torch.Tensor:
     """Lower-triangular mask: query i may attend to keys j <= i.
 

@@ -18,7 +18,7 @@ A common core and one module per notebook:
   the learner's function once it passes (the reference until then), and
   ``compare_guess`` ends a prediction;
 * exercise checkers, named after the concept they check
-  (``check_padding_mask``, ``check_pairwise_scores``, ``check_masked_softmax``),
+  (``check_padding_mask_for``, ``check_pairwise_scores``, ``check_masked_softmax``),
   each taking the learner's function and raising ``CheckError`` whose message
   says what was expected, what came back and what to look at.
 
@@ -67,7 +67,7 @@ from course_utils.checks.multihead import (
     check_multi_head_attention,
 )
 from course_utils.checks.orientation import (
-    check_padding_mask,
+    check_padding_mask_for,
     check_pairwise_scores,
     check_masked_softmax,
 )
@@ -129,7 +129,7 @@ __all__ = [
     "check_is_pre_ln",
     "check_layer_norm",
     "check_luong_step",
-    "check_padding_mask",
+    "check_padding_mask_for",
     "check_pairwise_scores",
     "check_scaled_dot_product_attention",
     "check_scaled_scores",

@@ -1,4 +1,4 @@
-"""Checkers for notebook 00: padding masks, pairwise scores, a masked softmax."""
+"""Checkers for notebook 00: pairwise scores, a padding mask for any number of axes, a masked softmax."""
 
 from __future__ import annotations
 
@@ -16,23 +16,33 @@ from course_utils.checks.flow import exercise_check
 
 
 @exercise_check
-def check_padding_mask(fn: Callable[[torch.Tensor, int], Any], seed: int = 0, B: int = 4, S: int = 6) -> None:
-    """Check a learner's ``padding_mask(lengths, S) -> (B, 1, S) bool`` (notebook 00, exercise 2).
+def check_padding_mask_for(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0, B: int = 2, H: int = 4,
+                           T: int = 3, S: int = 5) -> None:
+    """Check a learner's ``padding_mask_for(lengths, scores)`` (notebook 00, exercise 2).
 
-    Tried at the sizes asked for, then at B = 1 and S = 1 and at sizes with B != S;
+    The mask must be bool, True exactly at the real keys j < lengths[b], with
+    the shape (B, 1, S) for (B, T, S) scores and (B, 1, 1, S) for (B, H, T, S)
+    scores: one size-1 axis for each axis between B and S. Tried with scores
+    of both ranks (and five axes), at the sizes asked for, at B = 1, S = 1, at
+    B = H (where a (B, 1, S) mask broadcasts against heads without an error,
+    pairing head b with sequence b's lengths) and at sizes that all differ;
     the lengths include 0, 1 and S.
 
     Raises:
         CheckError: Naming the likely bug.
     """
     __tracebackhide__ = True  # noqa: F841
-    with reference_guard(fn, masks.padding_mask):
-        sweep(lambda B, S: _padding_mask_once(fn, seed, B, S),
-              shape_cases({"B": B, "S": S}, ones=("B", "S"), distinct={"B": 4, "S": 6}))
-    passed("padding_mask")
+    cases = shape_cases({"B": B, "H": H, "T": T, "S": S}, ones=("B", "S"), distinct={"B": 2, "H": 4, "T": 3, "S": 5})
+    cases.insert(1, (f"B = H = {B + 1}", {"B": B + 1, "H": B + 1, "T": T, "S": S},
+                     "with as many heads as sequences a (B, 1, S) mask broadcasts against (B, H, T, S) scores "
+                     "without an error, and pairs head b with the lengths of sequence b"))
+    with reference_guard(fn, masks.padding_mask_for, masks.padding_mask):
+        sweep(lambda B, H, T, S: _padding_mask_for_once(fn, seed, B, H, T, S), cases)
+    passed("padding_mask_for")
 
 
-def _padding_mask_once(fn: Callable[[torch.Tensor, int], Any], seed: int, B: int, S: int) -> None:
+def _padding_mask_for_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int,
+                           B: int, H: int, T: int, S: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, S + 1, (B,), generator=g)
@@ -40,32 +50,49 @@ def _padding_mask_once(fn: Callable[[torch.Tensor, int], Any], seed: int, B: int
     lengths[-1] = 1  # and a very short one
     if B > 2:
         lengths[1] = 0  # and an empty one
-    lengths_copy = lengths.clone()
-    got = call(fn, lengths, S, name="padding_mask", expected="a (B, 1, S) bool tensor")
-    if not torch.equal(lengths, lengths_copy):
-        raise CheckError("padding_mask changed `lengths` in place: build a new tensor instead")
-    dims = {"B": B, "S": S}
-    expected = masks.padding_mask(lengths, S)
-    hints = {
-        (B, S): "the query axis is missing: the mask must have a size-1 axis between B and S, so that it broadcasts over the T queries of (B, T, S) scores",
-        (B, S, 1): "the singleton axis is in the wrong place: the mask must be (B, 1, S) to broadcast over the T queries",
-        (S, B): "rows and columns are swapped: the rows must be the sequences (B) and the columns the positions (S)",
-    }
-    got_t = check_tensor(got, name="the mask", shape="B 1 S", dims={**dims, "1": 1}, hints=hints)
-    if got_t.dtype != torch.bool:
-        raise CheckError(
-            f"expected a bool mask, got dtype {got_t.dtype}: a comparison such as `positions < lengths` already "
-            "gives bool; masked_fill and torch.where need bool"
-        )
     positions = torch.arange(S)
-    suspects = {
-        "True marks the padding here; in this course True = may attend (a real token)": ~expected,
-        "off by one: position j is real when j < length, not j <= length": (positions[None, :] <= lengths[:, None])[:, None, :],
-        "off by one: position j is real when j < length, not j < length - 1": (positions[None, :] < lengths[:, None] - 1)[:, None, :],
-    }
-    check_close(got_t.float(), expected.float(), name="the mask", shape="B 1 S", dims={**dims, "1": 1},
-                suspects={k: v.float() for k, v in suspects.items()},
-                hint="position j of sequence b is real exactly when j < lengths[b]")
+    real = positions[None, :] < lengths[:, None]  # (B, S)
+    for shape in ((B, T, S), (B, H, T, S), (B, H, 2, T, S)):
+        scores = torch.randn(shape, generator=g)
+        lengths_copy, scores_copy = lengths.clone(), scores.clone()
+        letters = {3: "B T S", 4: "B H T S", 5: "B H 2 T S"}[len(shape)]
+        expected_shape = (B,) + (1,) * (len(shape) - 2) + (S,)
+        got = call(fn, lengths, scores, name="padding_mask_for",
+                   expected=f"a bool mask of shape {expected_shape} for scores of shape ({', '.join(letters.split())})"
+                            f" = {shape}",
+                   error_hint="the mask's shape depends on how many axes the scores have: read it from "
+                              "`scores.dim()` or `scores.shape`, never assume three")
+        if not (torch.equal(lengths, lengths_copy) and torch.equal(scores, scores_copy)):
+            raise CheckError("padding_mask_for changed `lengths` or `scores` in place: build a new tensor instead")
+        middle = len(shape) - 2
+        hints = {
+            (B, S): "the axes between B and S are missing: the mask needs a size-1 axis for each of them, so that it "
+                    "broadcasts over the queries (and the heads)",
+            (B, 1, S): f"a (B, 1, S) mask fits (B, T, S) scores, but these scores have {len(shape)} axes: aligned from "
+                       "the right, its B meets the heads, not the sequences. Give it one size-1 axis for each axis "
+                       "between B and S",
+            (B, S, 1): "the size-1 axis is in the wrong place: the keys, S, must stay last, where the scores have them",
+            (S, B): "rows and columns are swapped: the first axis must be the sequences (B) and the last the keys (S)",
+            tuple(shape): "the mask has the full shape of the scores: keep a size-1 axis wherever the scores have "
+                          "queries or heads, so the same mask is shared by all of them (broadcasting repeats it)",
+        }
+        dims = {"B": B, "S": S, "1": 1}
+        got_t = check_tensor(got, name="the mask", shape=" ".join(["B"] + ["1"] * middle + ["S"]), dims=dims,
+                             hints={k: v for k, v in hints.items() if k != expected_shape})
+        if got_t.dtype != torch.bool:
+            raise CheckError(f"expected a bool mask, got dtype {got_t.dtype}: a comparison such as `<` already gives "
+                             "bool, and masked_fill and torch.where need bool")
+        expected = real.view(expected_shape)
+        suspects = {
+            "True marks the padding here; in this course True = may attend (a real token)": ~expected,
+            "off by one: key j is real when j < length, not j <= length":
+                (positions[None, :] <= lengths[:, None]).view(expected_shape),
+            "off by one: key j is real when j < length, not j < length - 1":
+                (positions[None, :] < lengths[:, None] - 1).view(expected_shape),
+        }
+        check_close(got_t.float(), expected.float(), name="the mask", shape=" ".join(["B"] + ["1"] * middle + ["S"]),
+                    dims=dims, suspects={k: v.float() for k, v in suspects.items()},
+                    hint="key j of sequence b is real exactly when j < lengths[b], the same for every query and head")
 
 
 @exercise_check
