@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -343,17 +344,43 @@ def _grade_notebook(api, course: Path, out: Path, student: str, stem: str, path:
             saved.write_text(log, encoding="utf-8")
             return Result(student, stem, flags=flags, failed=f"nbgrader could not grade it ({last[0]}); ask the "
                                                              f"instructor to read {saved}")
-        outcomes = judge.run()
+        # The feedback page (the student's copy with a score and a comment under every graded cell) is
+        # written here while the verdict's child runs the checks: two cores busy instead of one in turn.
+        feedback = _Feedback(api, course, student, stem)
+        with quiet():
+            feedback.start()
+            try:
+                outcomes = judge.run()
+            finally:
+                feedback.join()
         if budget.check():
             return _stopped(course, student, stem, budget.breach, flags)
     points, gradebook_flags = scores(course / "gradebook.db", stem, student, exercises(source_nb))
     points, verdict_flags = verdict.combine(points, outcomes)  # the score cannot exceed the verdict's
-    _coalesce_streams(course / "autograded" / student / stem / f"{stem}.ipynb")
-    with quiet():  # the student's copy with a score and a comment under every graded cell
-        api.generate_feedback(stem, student, force=True)
     return Result(student, stem, scores=points, flags=flags + gradebook_flags + verdict_flags,
                   written=written_questions.answers(graded_nb),
                   unmarked=[q.grade_id for q in written_questions.questions(source_nb)])
+
+
+class _Feedback(threading.Thread):
+    """nbgrader's feedback page of one graded notebook, written in a thread; ``join`` re-raises its error."""
+
+    def __init__(self, api, course: Path, student: str, stem: str) -> None:
+        super().__init__(name=f"feedback {student}/{stem}", daemon=True)
+        self.api, self.course, self.student, self.stem = api, course, student, stem
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            _coalesce_streams(self.course / "autograded" / self.student / self.stem / f"{self.stem}.ipynb")
+            self.api.generate_feedback(self.stem, self.student, force=True)
+        except BaseException as exc:  # noqa: BLE001 - handed to the grading thread by join()
+            self.error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
 
 
 def _coalesce_streams(path: Path) -> None:
