@@ -471,6 +471,9 @@ NEW_KINDS = {
          "    return search(model, src, src_lengths, beam_size, max_len)\n", "calls the course's reference"),
     ],
     "additive_scores": [
+        ("a Python loop over the batch", "def additive_scores(q_proj, k_proj, v_a):\n"
+         "    return torch.stack([torch.tanh(q_proj[b] + k_proj[b]) @ v_a for b in range(len(q_proj))])\n",
+         "Python loop"),
         (".data", "def additive_scores(q_proj, k_proj, v_a):\n"
          "    return torch.tanh(q_proj.data[:, None, :] + k_proj) @ v_a\n", "q_proj"),
         ("a squeeze that breaks at B = 1 and S = 1", "def additive_scores(q_proj, k_proj, v_a):\n"
@@ -480,6 +483,10 @@ NEW_KINDS = {
          "    return reference(q_proj, k_proj, v_a)\n", "calls the course's reference"),
     ],
     "luong_step": [
+        ("a Python loop over the batch", _LUONG.replace(
+            "    context, weights = attend(scores, enc_states, mask)\n",
+            "    weights = attend(scores, enc_states, mask)[1]\n"
+            "    context = torch.stack([weights[b] @ enc_states[b] for b in range(len(weights))])\n"), "Python loop"),
         ("the two parts of [c_i; s_i] swapped", _LUONG.replace("[context, state]", "[state, context]"), "swapped"),
         ("tanh missing", _LUONG.replace("torch.tanh(both @ W_c.T)", "both @ W_c.T"), "tanh is missing"),
         ("the mask not passed", _LUONG.replace("enc_states, mask)", "enc_states)"), "mask was not passed"),
@@ -600,6 +607,16 @@ NEW_KINDS = {
          "calls the course's reference"),
     ],
     "multi_head_attention": [
+        ("a loop over the heads", _MHA.replace(
+            "    context, weights = scaled_dot_product_attention(q, k, v, mask)\n",
+            "    from course_utils.blocks.attention import masked_softmax\n"
+            "    per_head = [masked_softmax(q[:, h:h + 1] @ k[:, h:h + 1].transpose(-2, -1) / q.shape[-1] ** 0.5,\n"
+            "                               None if mask is None or mask.dim() < 4 or mask.shape[1] == 1 else mask[:, h:h + 1])\n"
+            "                for h in range(num_heads)]\n"
+            "    weights = torch.cat(per_head, dim=1)\n"
+            "    if mask is not None and (mask.dim() < 4 or mask.shape[1] == 1):\n"
+            "        weights = masked_softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, mask)\n"
+            "    context = weights @ v\n"), "loops over the heads"),
         # issue 34: "Do not call scaled_dot_product_attention ... Decide the scale", and these passed
         ("the course's scaled_dot_product_attention, no scale written", _MHA, "rules out"),
         ("F.scaled_dot_product_attention for the output", _MHA.replace(

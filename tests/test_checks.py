@@ -1691,3 +1691,46 @@ def test_check_beam_search_calls_the_refilled_beam_of_the_cited_paper_another_va
     assert "Sutskever" in message and "this exercise asks for the variant" in message, message
     assert not re.search(r"\bare wrong\b|mistake|must narrow", message), message
     assert_no_answer_in(message, solution=("01_seq2seq_bottleneck", "beam_search"))
+
+
+# What an exercise's statement forbids, and the word a buggy answer's description uses for breaking it.
+_INSTRUCTIONS = [
+    (re.compile(r"\bno loops?\b|without (?:a |any )?(?:Python )?loops?\b|\bno loop over", re.I), "loop"),
+    (re.compile(r"\bno `einsum`", re.I), "einsum"),
+    (re.compile(r"\bwith `@`"), "`@`"),
+    (re.compile(r"\bdo not call `([\w.]+)`", re.I), None),  # the function named
+]
+
+
+def _statements():
+    """(notebook stem, grade_id, the markdown just above the solution cell) for every graded exercise."""
+    import nbformat
+
+    from conftest import NOTEBOOKS
+
+    for path in NOTEBOOKS:
+        above = ""
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "markdown":
+                above = cell.source
+            elif cell.metadata.get("nbgrader", {}).get("solution"):
+                yield path.stem, cell.metadata["nbgrader"]["grade_id"], above
+
+
+def test_every_instruction_an_exercise_gives_is_enforced_by_its_checker():
+    """An exercise that says "no loops", "no `einsum`", "with `@`" or "Do not call `f`" has a buggy answer doing it.
+
+    test_new_kinds_of_buggy_answers_are_rejected_with_a_message_that_names_the_bug then requires that the checker
+    rejects that answer: what the text forbids, the checker rejects."""
+    found, missing = 0, []
+    for stem, grade_id, text in _statements():
+        kinds = " | ".join(kind for kind, _, _ in NEW_KINDS.get(grade_id, []))
+        for pattern, word in _INSTRUCTIONS:
+            for match in pattern.finditer(text):
+                found += 1
+                wanted = word or match.group(1).split(".")[-1]
+                if wanted not in kinds:
+                    missing.append(f"{stem} {grade_id}: says {match.group(0)!r}, and no buggy answer in "
+                                   f"tests/buggy_answers.py NEW_KINDS[{grade_id!r}] mentions {wanted!r}")
+    assert found >= 8, "expected the exercises' instructions to be found"
+    assert not missing, "\n".join(missing)

@@ -10,6 +10,7 @@ import torch
 from course_utils.blocks import attention, scorers, seq2seq
 from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
                                      shape_cases, sweep)
+from course_utils.checks.inspection import has_python_loop
 from course_utils.core.errors import CheckError
 from course_utils.checks.flow import exercise_check
 
@@ -34,6 +35,10 @@ def check_additive_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor
     with reference_guard(fn, scorers.additive_scores):
         sweep(lambda B, S, A: _additive_scores_once(fn, seed, B, S, A),
               shape_cases({"B": B, "S": S, "A": A}, ones=("B", "S"), distinct={"B": 3, "S": 5, "A": 4}))
+        if has_python_loop(fn):
+            raise CheckError("the scores are right, but your function has a Python loop (a `for` or `while` loop, or "
+                             "a comprehension), which the exercise rules out (\"No loops\"): broadcasting lets each "
+                             "sequence's projected query meet all of its projected keys in one expression")
     passed("additive_scores")
 
 
@@ -371,6 +376,10 @@ def check_luong_step(fn: Callable[..., Any], seed: int = 0, B: int = 3, S: int =
     with reference_guard(fn, seq2seq.luong_step):
         sweep(lambda B, S, R, Dk: _luong_step_once(fn, seed, B, S, R, Dk, score),
               shape_cases({"B": B, "S": S, "R": R, "Dk": Dk}, ones=("B", "S"), distinct=distinct))
+        if has_python_loop(fn):
+            raise CheckError("the step is right, but your function has a Python loop (a `for` or `while` loop, or a "
+                             "comprehension), which the exercise rules out (\"No loops\"): every operation of the "
+                             "step takes the whole batch at once")
     passed("luong_step")
 
 

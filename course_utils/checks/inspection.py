@@ -75,9 +75,11 @@ class _TorchCalls(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.names: set[str] = set()
+        self.count = 0
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         self.names.add(getattr(func, "__name__", ""))
+        self.count += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -95,3 +97,21 @@ def torch_calls(fn: Callable[..., Any], *args: Any, **call_kwargs: Any) -> tuple
     with _TorchCalls() as recorder:
         result = call(fn, *args, **call_kwargs)
     return result, recorder.names
+
+
+def torch_call_count(fn: Callable[..., Any], *args: Any, **call_kwargs: Any) -> tuple[Any, int | None]:
+    """:func:`call` ``fn``, counting its calls of torch functions and tensor methods.
+
+    Called twice with inputs that differ in one size only, a function whose count
+    grows with that size loops over it (a loop over heads makes one product per head).
+
+    Returns:
+        What ``fn`` returned, and the count, or None for one of the course's own
+        functions (:func:`course_function`).
+    """
+    __tracebackhide__ = True  # noqa: F841
+    if course_function(fn):
+        return call(fn, *args, **call_kwargs), None
+    with _TorchCalls() as recorder:
+        result = call(fn, *args, **call_kwargs)
+    return result, recorder.count

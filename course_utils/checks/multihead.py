@@ -12,7 +12,7 @@ from torch.overrides import TorchFunctionMode
 from course_utils.blocks import attention, masks, multihead
 from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
                                      shape_cases, sweep)
-from course_utils.checks.inspection import course_function
+from course_utils.checks.inspection import course_function, torch_call_count
 from course_utils.core.errors import CheckError
 from course_utils.checks.flow import exercise_check
 
@@ -248,7 +248,26 @@ def check_multi_head_attention(fn: Callable[..., Any], seed: int = 0, B: int = 2
         sweep(lambda B, T, S, D, H: _mha_once(fn, seed, B, T, S, D, H),
               shape_cases({"B": B, "T": T, "S": S, "D": D, "H": H}, ones=("B", "H"),
                           distinct={"B": 2, "T": 3, "S": 4, "D": 12, "H": 3}))
+        _no_loop_over_heads(fn, seed)
     passed("multi_head_attention")
+
+
+def _no_loop_over_heads(fn: Callable[..., Any], seed: int) -> None:
+    """The same inputs with 1 head and with 6: as many torch calls both times, or the function loops over heads."""
+    __tracebackhide__ = True  # noqa: F841
+    counts = []
+    for H in (1, 6):
+        torch.manual_seed(seed)
+        projections = [torch.nn.Linear(12, 12) for _ in range(4)]
+        x = torch.randn(2, 3, 12, generator=torch.Generator().manual_seed(seed))
+        _, count = torch_call_count(fn, x, x, x, *projections, H, name="multi_head_attention",
+                                    expected="(out, weights)")
+        counts.append(count)
+    if None not in counts and counts[1] > counts[0]:
+        raise CheckError(f"the outputs are right, but your function makes more torch calls with 6 heads than with 1 "
+                         f"({counts[1]} against {counts[0]}): it loops over the heads, which the exercise rules out "
+                         "(\"no loop over heads\"). After the split every head is one slice of the head axis, and "
+                         "one product serves them all")
 
 
 def _mha_once(fn: Callable[..., Any], seed: int, B: int, T: int, S: int, D: int, H: int) -> None:
