@@ -2,12 +2,12 @@
 
 The question asks what happens when the context vector takes both halves of
 the bidirectional states at the last real token (so the right-to-left half has
-read one symbol only). Its model answer, for the instructor, quotes the
-per-output accuracy on sources of length 20 for that model and for the right
-one, retrained on seeds 0 to 2. This test retrains the six models (about 10 s
-each on the course machine) and checks what those numbers show (the first output
+read one symbol only). Its model answer, for the instructor, states what the
+per-output accuracy on sources of length 20 shows for that model against the
+right one, retrained on seeds 0 to 2. This test retrains the six models (about
+10 s each on the course machine) and checks those statements (the first output
 gains, the last falls to about the left-to-right-only level), with margins that
-another CPU's float path cannot break, not the numbers to the last point.
+another CPU's float path cannot break.
 """
 
 from __future__ import annotations
