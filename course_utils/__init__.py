@@ -38,7 +38,7 @@ from course_utils.blocks.attention import (
     scaled_scores,
     validate_attention_inputs,
 )
-from course_utils.blocks.masks import causal_mask, padding_mask
+from course_utils.blocks.masks import causal_mask, padding_mask, padding_mask_for
 from course_utils.blocks.multihead import (
     MultiHeadAttention,
     RotaryProjection,
@@ -168,6 +168,7 @@ __all__ = [
     "neighbour_test_set",
     "online_softmax_update",
     "padding_mask",
+    "padding_mask_for",
     "pairwise_scores",
     "page_faults",
     "peak_memory_curve",
