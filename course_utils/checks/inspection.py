@@ -83,6 +83,16 @@ class _TorchCalls(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def _recorded(fn: Callable[..., Any], *args: Any, **call_kwargs: Any) -> tuple[Any, _TorchCalls | None]:
+    """:func:`call` ``fn`` with its torch calls recorded; no record for one of the course's own functions."""
+    __tracebackhide__ = True  # noqa: F841
+    if course_function(fn):
+        return call(fn, *args, **call_kwargs), None
+    with _TorchCalls() as recorder:
+        result = call(fn, *args, **call_kwargs)
+    return result, recorder
+
+
 def torch_calls(fn: Callable[..., Any], *args: Any, **call_kwargs: Any) -> tuple[Any, set[str] | None]:
     """:func:`call` ``fn``, recording the names of the torch functions and tensor methods it calls.
 
@@ -92,11 +102,8 @@ def torch_calls(fn: Callable[..., Any], *args: Any, **call_kwargs: Any) -> tuple
         the out-of-kernel grader's proxy, whose torch calls are not the student's).
     """
     __tracebackhide__ = True  # noqa: F841
-    if course_function(fn):
-        return call(fn, *args, **call_kwargs), None
-    with _TorchCalls() as recorder:
-        result = call(fn, *args, **call_kwargs)
-    return result, recorder.names
+    result, recorder = _recorded(fn, *args, **call_kwargs)
+    return result, None if recorder is None else recorder.names
 
 
 def torch_call_count(fn: Callable[..., Any], *args: Any, **call_kwargs: Any) -> tuple[Any, int | None]:
@@ -110,8 +117,5 @@ def torch_call_count(fn: Callable[..., Any], *args: Any, **call_kwargs: Any) -> 
         functions (:func:`course_function`).
     """
     __tracebackhide__ = True  # noqa: F841
-    if course_function(fn):
-        return call(fn, *args, **call_kwargs), None
-    with _TorchCalls() as recorder:
-        result = call(fn, *args, **call_kwargs)
-    return result, recorder.count
+    result, recorder = _recorded(fn, *args, **call_kwargs)
+    return result, None if recorder is None else recorder.count
