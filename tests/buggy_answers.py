@@ -41,11 +41,6 @@ BUGGY = {
             "def padding_mask_for(lengths, scores):\n"
             "    return (torch.arange(scores.shape[-1])[None, :] < lengths[:, None])[:, None, :]\n"
         ),
-        # keys times queries: (B, S, T)
-        "pairwise_scores": (
-            "def pairwise_scores(q, k):\n"
-            "    return k @ q.transpose(-2, -1)\n"
-        ),
         # softmax over the queries
         "masked_softmax": (
             "def masked_softmax(scores, mask=None):\n"
@@ -345,24 +340,6 @@ NEW_KINDS = {
          "    from course_utils import padding_mask\n"
          "    return padding_mask(lengths, scores.shape[-1]).view(len(lengths), *[1] * (scores.dim() - 2), -1)\n",
          "calls the course's reference"),
-    ],
-    "pairwise_scores": [
-        ("detached output", "def pairwise_scores(q, k):\n    return (q @ k.transpose(-2, -1)).detach()\n",
-         "cut off from autograd"),
-        (".data", "def pairwise_scores(q, k):\n    return q.data @ k.data.transpose(-2, -1)\n", "cut off from autograd"),
-        ("a squeeze that breaks at B = 1", "def pairwise_scores(q, k):\n"
-         "    return (q @ k.transpose(-2, -1)).squeeze()\n", "B = 1"),
-        ("a squeeze that breaks at H = 1", "def pairwise_scores(q, k):\n"
-         "    scores = q @ k.transpose(-2, -1)\n    return scores.squeeze(1) if scores.dim() == 4 else scores\n",
-         "H = 1"),
-        ("einsum, which the exercise rules out", "def pairwise_scores(q, k):\n"
-         "    return torch.einsum('...td,...sd->...ts', q, k)\n", "einsum"),
-        ("broadcast and sum, not `@`", "def pairwise_scores(q, k):\n"
-         "    return (q[..., :, None, :] * k[..., None, :, :]).sum(dim=-1)\n", "without `@`"),
-        ("a Python loop over the batch", "def pairwise_scores(q, k):\n"
-         "    return torch.stack([q[b] @ k[b].transpose(-2, -1) for b in range(q.shape[0])])\n", "Python loop"),
-        ("calls the reference", "def pairwise_scores(q, k):\n"
-         "    import course_utils\n    return course_utils.pairwise_scores(q, k)\n", "calls the course's reference"),
     ],
     "masked_softmax": [
         ("unstable softmax (no max subtraction)", "def masked_softmax(scores, mask):\n"
@@ -952,5 +929,28 @@ NEW_KINDS = {
         ("calls the reference", "def causal_tiled_attention(q, k, v, block_size):\n"
          "    from course_utils.experiments import efficiency\n"
          "    return efficiency.causal_tiled_attention(q, k, v, block_size)\n", "calls the course's reference"),
+    ],
+}
+
+# Checkers a notebook runs without an exercise of its own: 00 writes pairwise_scores in view and shows its checker
+# rejecting a version written with `.T`. The same kinds of wrong answer, each named by the checker.
+CHECKER_ONLY_KINDS = {
+    "pairwise_scores": [
+        ("detached output", "def pairwise_scores(q, k):\n    return (q @ k.transpose(-2, -1)).detach()\n",
+         "cut off from autograd"),
+        (".data", "def pairwise_scores(q, k):\n    return q.data @ k.data.transpose(-2, -1)\n", "cut off from autograd"),
+        ("a squeeze that breaks at B = 1", "def pairwise_scores(q, k):\n"
+         "    return (q @ k.transpose(-2, -1)).squeeze()\n", "B = 1"),
+        ("a squeeze that breaks at H = 1", "def pairwise_scores(q, k):\n"
+         "    scores = q @ k.transpose(-2, -1)\n    return scores.squeeze(1) if scores.dim() == 4 else scores\n",
+         "H = 1"),
+        ("einsum, which the exercise rules out", "def pairwise_scores(q, k):\n"
+         "    return torch.einsum('...td,...sd->...ts', q, k)\n", "einsum"),
+        ("broadcast and sum, not `@`", "def pairwise_scores(q, k):\n"
+         "    return (q[..., :, None, :] * k[..., None, :, :]).sum(dim=-1)\n", "without `@`"),
+        ("a Python loop over the batch", "def pairwise_scores(q, k):\n"
+         "    return torch.stack([q[b] @ k[b].transpose(-2, -1) for b in range(q.shape[0])])\n", "Python loop"),
+        ("calls the reference", "def pairwise_scores(q, k):\n"
+         "    import course_utils\n    return course_utils.pairwise_scores(q, k)\n", "calls the course's reference"),
     ],
 }

@@ -15,20 +15,20 @@ from course_utils.core.errors import InputError
 
 
 def pairwise_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Dot product of every query with every key, batched (notebook 00, exercise 1).
+    """Dot product of every query with every key, batched over any leading axes (notebook 00, section 3).
 
     Args:
-        q: (B, T, D) float queries.
-        k: (B, S, D) float keys.
+        q: (..., T, Dk) float queries, e.g. (B, T, Dk) or (B, H, T, Dk).
+        k: (..., S, Dk) float keys.
 
     Returns:
-        (B, T, S) float, ``scores[b, i, j] = q[b, i] · k[b, j]``.
+        (..., T, S) float, ``scores[..., i, j] = q[..., i, :] · k[..., j, :]``.
     """
-    return q @ k.transpose(-2, -1)  # (B, T, D) @ (B, D, S) -> (B, T, S)
+    return q @ k.transpose(-2, -1)  # (..., T, Dk) @ (..., Dk, S) -> (..., T, S)
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Softmax over the keys (last dim); masked keys get weight exactly 0 (notebook 00, exercise 3).
+    """Softmax over the keys (last dim); masked keys get weight exactly 0 (notebook 00, exercise 2).
 
     A row whose keys are all masked gets all-zero weights instead of NaN.
 

@@ -18,7 +18,7 @@ from course_utils.checks.flow import exercise_check
 @exercise_check
 def check_padding_mask_for(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0, B: int = 2, H: int = 4,
                            T: int = 3, S: int = 5) -> None:
-    """Check a learner's ``padding_mask_for(lengths, scores)`` (notebook 00, exercise 2).
+    """Check a learner's ``padding_mask_for(lengths, scores)`` (notebook 00, exercise 1).
 
     The mask must be bool, True exactly at the real keys j < lengths[b], with
     the shape (B, 1, S) for (B, T, S) scores and (B, 1, 1, S) for (B, H, T, S)
@@ -98,7 +98,7 @@ def _padding_mask_for_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed
 @exercise_check
 def check_pairwise_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
                           B: int = 2, T: int = 4, S: int = 6, D: int = 3) -> None:
-    """Check a learner's ``pairwise_scores(q, k) -> (..., T, S)`` (notebook 00, exercise 1).
+    """Check a learner's ``pairwise_scores(q, k) -> (..., T, S)`` (notebook 00 shows it failing a version written with ``.T``).
 
     Tried on (B, T, D) and (B, S, D) inputs, then on (B, H, T, D) and
     (B, H, S, D) inputs with a head axis, forward and backward; at the sizes
@@ -191,7 +191,7 @@ def _pairwise_scores_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed:
 @exercise_check
 def check_masked_softmax(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0,
                          B: int = 3, T: int = 4, S: int = 5) -> None:
-    """Check a learner's ``masked_softmax(scores, mask) -> weights`` (notebook 00, exercise 3).
+    """Check a learner's ``masked_softmax(scores, mask) -> weights`` (notebook 00, exercise 2).
 
     ``mask`` is bool, True = may attend, and broadcastable to the (B, T, S)
     scores: tried as (B, 1, S) (with a sequence whose keys are all masked),
