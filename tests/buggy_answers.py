@@ -342,6 +342,11 @@ NEW_KINDS = {
          "calls the course's reference"),
     ],
     "masked_softmax": [
+        ("unpacks three axes, so scores with heads fail", "def masked_softmax(scores, mask=None):\n"
+         "    B, T, S = scores.shape\n"
+         "    if mask is None:\n        return torch.softmax(scores, dim=-1)\n"
+         "    weights = torch.softmax(scores.masked_fill(~mask, float('-inf')), dim=-1)\n"
+         "    return weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)\n", "head axis"),
         ("unstable softmax (no max subtraction)", "def masked_softmax(scores, mask):\n"
          "    e = torch.exp(scores).masked_fill(~mask, 0.0)\n    total = e.sum(dim=-1, keepdim=True)\n"
          "    return torch.where(total > 0, e / total, torch.zeros_like(e))\n", "exp overflows"),

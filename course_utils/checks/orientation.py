@@ -194,7 +194,7 @@ def check_masked_softmax(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: 
     """Check a learner's ``masked_softmax(scores, mask) -> weights`` (notebook 00, exercise 2).
 
     ``mask`` is bool, True = may attend, and broadcastable to the (B, T, S)
-    scores: tried as (B, 1, S) (with a sequence whose keys are all masked),
+    scores (and last to (B, H, T, S) scores, with a (B, 1, 1, S) mask): tried as (B, 1, S) (with a sequence whose keys are all masked),
     (B, T, S) (with one query whose keys are all masked) and (T, S). A row with
     no allowed key must come back as zeros, not NaN. Then scores of about ±1e4
     (exp overflows without subtracting the row's maximum) and a backward pass;
@@ -212,7 +212,27 @@ def check_masked_softmax(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: 
         sweep(lambda B, T, S: _masked_softmax_once(fn, seed, B, T, S),
               shape_cases({"B": B, "T": T, "S": S}, ones=("B", "T"), distinct={"B": 3, "T": 4, "S": 5}))
         _masked_softmax_no_mask_and_nan(fn, seed, B, T, S)
+        _masked_softmax_with_heads(fn, seed, B, T, S)
     passed("masked_softmax")
+
+
+def _masked_softmax_with_heads(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int,
+                               B: int, T: int, S: int) -> None:
+    """Scores with a head axis, (B, H, T, S), and the (B, 1, 1, S) padding mask: the notebook calls it so."""
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed + 1)
+    H = 2 if B != 2 else 3  # a head count unlike the batch size, so that a misaligned axis raises
+    scores = 2 * torch.randn(B, H, T, S, generator=g)
+    lengths = torch.tensor([S, 0][:B] + [max(1, S - 2)] * max(0, B - 2))  # full, fully masked, padded
+    mask = masks.padding_mask(lengths, S)[:, None]  # (B, 1, 1, S)
+    got = call(fn, scores, mask, name="masked_softmax", expected=f"weights of shape (B, H, T, S) = {(B, H, T, S)}",
+               error_hint="scores may have a head axis, (B, H, T, S), as the end of the notebook and notebook 05 "
+                          "use them: work along the last axis (dim=-1), and do not unpack the shape into three "
+                          "letters")
+    check_close(got, attention.masked_softmax(scores, mask), name="weights of scores with a head axis",
+                shape="B H T S", dims={"B": B, "H": H, "T": T, "S": S},
+                hint="with a head axis the weights are the same softmax over the allowed keys, in every head, and "
+                     "zeros for a query with no allowed key")
 
 
 def _masked_softmax_no_mask_and_nan(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int,
