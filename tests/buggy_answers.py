@@ -62,10 +62,12 @@ BUGGY = {
         "beam_search": _BEAM.replace("if len(y) == 0:", "if len(y) == 0 or finished:"),
     },
     "02_bahdanau_attention": {
-        # tanh missing
-        "additive_scores": (
-            "def additive_scores(q_proj, k_proj, v_a):\n"
-            "    return (q_proj[:, None, :] + k_proj) @ v_a\n"
+        # the padded weights zeroed after a softmax over every position: the real ones no longer sum to 1
+        "additive_attention": (
+            "def additive_attention(query, projected_keys, values, mask, W_q, v_a):\n"
+            "    scores = torch.tanh((query @ W_q.T)[:, None, :] + projected_keys) @ v_a\n"
+            "    weights = torch.softmax(scores, dim=-1) * mask\n"
+            "    return (weights[:, None, :] @ values)[:, 0], weights\n"
         ),
         # Bahdanau's order: the weights come from s_{i-1}, before the GRU update
         "luong_step": (
@@ -270,6 +272,14 @@ _MHA = ("def multi_head_attention(query, key, value, q_proj, k_proj, v_proj, out
         "    q, k, v = (split_heads(p(t), num_heads) for p, t in ((q_proj, query), (k_proj, key), (v_proj, value)))\n"
         "    context, weights = scaled_dot_product_attention(q, k, v, mask)\n"
         "    return out_proj(merge_heads(context)), weights\n")
+_ADDITIVE = ("def additive_attention(query, projected_keys, values, mask, W_q, v_a):\n"
+             "    from course_utils.blocks.attention import masked_softmax\n"
+             "    q_proj = query @ W_q.T\n"
+             "    hidden = torch.tanh(q_proj[:, None, :] + projected_keys)\n"
+             "    scores = hidden @ v_a\n"
+             "    weights = masked_softmax(scores, mask)\n"
+             "    context = (weights[:, None, :] @ values)[:, 0]\n"
+             "    return context, weights\n")  # right: notebook 02's exercise, for the variants below
 _LUONG = ("def luong_step(emb, state, enc_states, projected_keys, mask, cell, score, W_c):\n"
           "    from course_utils.blocks.scorers import attend\n"
           "    state = cell(emb, state)\n"
@@ -452,17 +462,54 @@ NEW_KINDS = {
          "    from course_utils.blocks.decoding import beam_search as search\n"
          "    return search(model, src, src_lengths, beam_size, max_len)\n", "calls the course's reference"),
     ],
-    "additive_scores": [
-        ("a Python loop over the batch", "def additive_scores(q_proj, k_proj, v_a):\n"
-         "    return torch.stack([torch.tanh(q_proj[b] + k_proj[b]) @ v_a for b in range(len(q_proj))])\n",
-         "Python loop"),
-        (".data", "def additive_scores(q_proj, k_proj, v_a):\n"
-         "    return torch.tanh(q_proj.data[:, None, :] + k_proj) @ v_a\n", "q_proj"),
-        ("a squeeze that breaks at B = 1 and S = 1", "def additive_scores(q_proj, k_proj, v_a):\n"
-         "    return (torch.tanh(q_proj[:, None, :] + k_proj) @ v_a[:, None]).squeeze()\n", "B = 1"),
-        ("calls the reference", "def additive_scores(q_proj, k_proj, v_a):\n"
-         "    from course_utils.blocks.scorers import additive_scores as reference\n"
-         "    return reference(q_proj, k_proj, v_a)\n", "calls the course's reference"),
+    "additive_attention": [
+        ("a Python loop over the batch", _ADDITIVE.replace(
+            "    context = (weights[:, None, :] @ values)[:, 0]\n",
+            "    context = torch.stack([weights[b] @ values[b] for b in range(len(values))])\n"), "Python loop"),
+        ("the softmax over the batch axis", _ADDITIVE.replace(
+            "masked_softmax(scores, mask)", "torch.softmax(scores.masked_fill(~mask, float('-inf')), dim=0)"),
+         "ran over the batch"),
+        ("the mask ignored", _ADDITIVE.replace("masked_softmax(scores, mask)", "torch.softmax(scores, dim=-1)"),
+         "padding was not masked"),
+        ("the mask inverted", _ADDITIVE.replace("masked_softmax(scores, mask)", "masked_softmax(scores, ~mask)"),
+         "the mask is inverted"),
+        ("the padded scores set to 0", _ADDITIVE.replace(
+            "masked_softmax(scores, mask)", "torch.softmax(scores.masked_fill(~mask, 0.0), dim=-1)"), "exp(0) = 1"),
+        ("the weights not normalised", _ADDITIVE.replace("masked_softmax(scores, mask)", "scores.exp() * mask"),
+         "not normalised"),
+        ("an unstable softmax (no max subtraction)", _ADDITIVE.replace(
+            "masked_softmax(scores, mask)", "(scores.exp() * mask) / (scores.exp() * mask).sum(-1, keepdim=True)"),
+         "overflows"),
+        ("the context summed over the features", _ADDITIVE.replace(
+            "(weights[:, None, :] @ values)[:, 0]", "(weights[:, :, None] * values).sum(-1)"),
+         "summed over the Dk features"),
+        ("every sequence's weights with every sequence's values", _ADDITIVE.replace(
+            "(weights[:, None, :] @ values)[:, 0]", "weights @ values"), "every sequence's weights met"),
+        ("the context from the projected keys", _ADDITIVE.replace(
+            "(weights[:, None, :] @ values)[:, 0]", "(weights[:, None, :] @ projected_keys)[:, 0]"),
+         "instead of the encoder states"),
+        ("tanh missing", _ADDITIVE.replace("torch.tanh(q_proj[:, None, :] + projected_keys)",
+                                           "q_proj[:, None, :] + projected_keys"), "tanh is missing"),
+        ("tanh after v_a", _ADDITIVE.replace("    scores = hidden @ v_a\n", "    scores = torch.tanh(hidden @ v_a)\n")
+         .replace("torch.tanh(q_proj[:, None, :] + projected_keys)", "q_proj[:, None, :] + projected_keys"),
+         "tanh was applied after v_a"),
+        ("W_q on the wrong side (its R and A axes swapped)", _ADDITIVE.replace("query @ W_q.T", "query @ W_q"),
+         "wrong axis of W_q"),
+        ("the query not projected", _ADDITIVE.replace("query @ W_q.T", "query"), "never projected"),
+        ("the query not broadcast over the source positions", _ADDITIVE.replace(
+            "q_proj[:, None, :] + projected_keys", "q_proj + projected_keys"), "of its own sequence"),
+        ("(weights, context) returned", _ADDITIVE.replace("return context, weights", "return weights, context"),
+         "wrong order"),
+        (".data", _ADDITIVE.replace("hidden @ v_a", "hidden @ v_a.data"), "v_a"),
+        ("a squeeze that breaks at B = 1", _ADDITIVE.replace(
+            "(weights[:, None, :] @ values)[:, 0]", "(weights[:, None, :] @ values).squeeze()"), "B = 1"),
+        ("calls the course's attend for the context", _ADDITIVE.replace(
+            "    context = (weights[:, None, :] @ values)[:, 0]\n",
+            "    from course_utils.blocks.scorers import attend\n"
+            "    context = attend(scores, values, mask)[0]\n"), "calls the course's reference"),
+        ("calls the reference", "def additive_attention(query, projected_keys, values, mask, W_q, v_a):\n"
+         "    from course_utils.blocks.scorers import additive_attention as reference\n"
+         "    return reference(query, projected_keys, values, mask, W_q, v_a)\n", "calls the course's reference"),
     ],
     "luong_step": [
         ("a Python loop over the batch", _LUONG.replace(

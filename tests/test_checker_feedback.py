@@ -16,7 +16,7 @@ from buggy_answers import _DECODER_LAYER
 from course_utils.blocks import attention, masks, multihead, scorers
 from course_utils.checks import (
     CheckError,
-    check_additive_scores,
+    check_additive_attention,
     check_attend,
     check_attention_entropy,
     check_decoder_layer_forward,
@@ -89,7 +89,7 @@ def test_check_multi_head_attention_names_a_second_head_axis_on_the_mask():
     assert_no_answer_in(message, FIXES, solution=("05_multi_head_attention", "multi_head_attention"))
 
 
-# --- notebook 02: attend and additive_scores -------------------------------------------------------------------
+# --- notebook 02: attend and additive_attention -------------------------------------------------------------------
 
 def _weights(scores, mask):
     return scorers.attend(scores, torch.zeros(*scores.shape, 1), mask)[1]
@@ -121,12 +121,15 @@ def test_check_attend_names_the_bug(buggy, fragment):
     assert_no_answer_in(message, FIXES)  # attend is no longer an exercise of 02: no solution cell to compare with
 
 
-def test_check_additive_scores_names_v_a_on_the_wrong_side():
-    message = _message(check_additive_scores, lambda q, k, v: v @ torch.tanh(q[:, None] + k))
-    assert "did the product with v_a run over the source positions (S) instead of the hidden units (A)?" in message, (
-        message)
-    assert "every source position of its own sequence" not in message, message  # the likely cause of another bug
-    assert_no_answer_in(message, FIXES, solution=("02_bahdanau_attention", "additive_scores"))
+def _v_a_on_the_wrong_side(query, projected_keys, values, mask, W_q, v_a):
+    weights = attention.masked_softmax(v_a @ torch.tanh((query @ W_q.T)[:, None] + projected_keys), mask)
+    return (weights[:, None] @ values)[:, 0], weights
+
+
+def test_check_additive_attention_names_v_a_on_the_wrong_side():
+    message = _message(check_additive_attention, _v_a_on_the_wrong_side)
+    assert "v_a (A,) weighs the A hidden units" in message, message
+    assert_no_answer_in(message, FIXES, solution=("02_bahdanau_attention", "additive_attention"))
 
 
 # --- notebook 04: Categorical's entropy, and fixed or wrong widths in the scale ---------------------------------

@@ -260,7 +260,7 @@ def test_a_failed_check_in_a_notebook_shows_only_its_message():
 from course_utils.blocks import scorers, seq2seq  # noqa: E402
 from course_utils.experiments import training  # noqa: E402
 from course_utils.checks import (  # noqa: E402
-    check_additive_scores,
+    check_additive_attention,
     check_attend,
     check_attention_step,
     check_bilinear_scores,
@@ -322,45 +322,72 @@ NOTEBOOK_02_CODE = ("[:, None", "None, :]", "[:, :, None]", "unsqueeze(", "squee
                     ".sum(", "dim=", "masked_fill", "-inf", "q_proj[", "query[b]", "keys[b", ".T")
 
 
-ADDITIVE_BUGS = [
-    (lambda q, k, v: (q[:, None, :] + k) @ v, {}, "the tanh is missing"),
-    (lambda q, k, v: torch.tanh((q[:, None, :] + k) @ v), {}, "tanh was applied after v_a"),
-    (lambda q, k, v: torch.tanh(q[:, None, :] + k).sum(-1), {}, "summed over A instead of weighted by v_a"),
-    (lambda q, k, v: torch.softmax(torch.tanh(q[:, None, :] + k) @ v, -1), {}, "these are weights, not scores"),
-    (lambda q, k, v: torch.tanh(q[:, None, :] + k), {}, "not reduced with v_a"),
-    (lambda q, k, v: torch.tanh(q + k) @ v, {}, "every source position of its own sequence"),  # B != S: raises
-    (lambda q, k, v: torch.tanh(q + k) @ v, {"B": 4, "S": 4}, "query was not broadcast"),  # B == S: silent
-    (lambda q, k, v: (torch.tanh(q[:, None, :] + k) @ v)[:, :, None], {}, "one size-1 axis too many"),
-]
+def _not_broadcast(query, projected_keys, values, mask, W_q, v_a):
+    """Query b added to source position b of every sequence: raises unless B == S (or B == 1)."""
+    weights = attention.masked_softmax(torch.tanh(query @ W_q.T + projected_keys) @ v_a, mask)
+    return (weights[:, None, :] @ values)[:, 0], weights
 
 
-@pytest.mark.parametrize(("buggy", "kwargs", "fragment"), ADDITIVE_BUGS)
-def test_check_additive_scores_names_the_bug(buggy, kwargs, fragment):
+@pytest.mark.parametrize(("kind", "source", "fragment"), NEW_KINDS["additive_attention"],
+                         ids=[kind for kind, _, _ in NEW_KINDS["additive_attention"]])
+def test_check_additive_attention_names_the_bug_in_words(kind, source, fragment):
+    namespace = {"torch": torch}
+    exec(source, namespace)  # noqa: S102 - test fixture code
     with pytest.raises(CheckError) as err:
-        check_additive_scores(buggy, **kwargs)
+        check_additive_attention(namespace["additive_attention"])
     assert fragment in str(err.value)
     assert_no_answer_in(str(err.value), NOTEBOOK_02_CODE)
 
 
-def test_additive_score_and_the_length_experiment_run_on_the_function_they_are_given():
-    """Build, then use (notebook 02): the learner's additive_scores is what AdditiveScore calls, in training too."""
+def test_check_additive_attention_rejects_a_query_not_broadcast_when_B_equals_S():
+    """With B == S (a hidden test's sizes) the query that is not broadcast over the positions raises nothing."""
+    with pytest.raises(CheckError, match="query was not broadcast") as err:
+        check_additive_attention(_not_broadcast, seed=3, B=4, S=4, R=5, Dk=3, A=5)
+    assert_no_answer_in(str(err.value), NOTEBOOK_02_CODE)
+    with pytest.raises(CheckError, match="of its own sequence"):
+        check_additive_attention(_not_broadcast)  # B != S: it raises, and the message says why
+
+
+def _another_right_answer(query, projected_keys, values, mask, W_q, v_a):
+    q_proj = query @ W_q.T  # (B, A)
+    hidden = torch.tanh(q_proj[:, None, :] + projected_keys)  # (B, S, A)
+    weights = attention.masked_softmax(hidden @ v_a, mask)  # (B, S)
+    return (weights[:, :, None] * values).sum(dim=1), weights  # a sum instead of a batched product: also right
+
+
+def test_check_additive_attention_passes_a_right_answer_at_the_hidden_tests_sizes(capsys):
+    for kwargs in ({}, dict(seed=1, B=5, S=8, R=6, Dk=3, A=2), dict(seed=2, B=1, S=9, R=5, Dk=4, A=7),
+                   dict(seed=3, B=4, S=4, R=5, Dk=3, A=5)):
+        check_additive_attention(_another_right_answer, **kwargs)
+    assert capsys.readouterr().out.count("all checks passed") == 4
+
+
+def test_the_attention_decoder_and_the_length_experiment_run_on_the_function_they_are_given():
+    """Build, then use (notebook 02): the learner's additive_attention is what AdditiveScore.attend calls, and so
+    what every step of the attention decoder runs; its scores are those of AdditiveScore.score."""
     calls = []
 
-    def spy(q_proj, k_proj, v_a):
-        calls.append(tuple(k_proj.shape))
-        return scorers.additive_scores(q_proj, k_proj, v_a)
+    def spy(query, projected_keys, values, mask, W_q, v_a):
+        calls.append(tuple(projected_keys.shape))
+        return scorers.additive_attention(query, projected_keys, values, mask, W_q, v_a)
 
     query, keys = torch.randn(2, 4), torch.randn(2, 5, 6)
+    mask = torch.arange(5)[None, :] < torch.tensor([[5], [2]])  # (B, S)
     torch.manual_seed(0)
     reference = scorers.AdditiveScore(4, 6, 3)
     torch.manual_seed(0)
-    given = scorers.AdditiveScore(4, 6, 3, scores=spy)
-    torch.testing.assert_close(given(query, keys), reference(query, keys))
+    given = scorers.AdditiveScore(4, 6, 3, attention=spy)
+    want = reference.attend(query, reference.precompute(keys), keys, mask)
+    torch.testing.assert_close(given.attend(query, given.precompute(keys), keys, mask), want)
+    torch.testing.assert_close(scorers.attend(reference.score(query, reference.precompute(keys)), keys, mask), want)
     assert calls == [(2, 5, 3)]
+    decoder = seq2seq.AttentionDecoder(7, 3, 4, 6, given)
+    decoder(torch.randint(3, 7, (2, 4)), keys, torch.randn(2, 6), mask)  # 4 teacher-forced steps
+    assert len(calls) == 1 + 4
     from course_utils.blocks.seq2seq import Seq2SeqConfig
     from course_utils.experiments.training import run_length_experiment
     with pytest.raises(ValueError, match="only by an attention decoder"):
-        run_length_experiment(Seq2SeqConfig(steps=1), decoder="plain", additive_scores=spy)
+        run_length_experiment(Seq2SeqConfig(steps=1), decoder="plain", additive_attention=spy)
 
 
 def _attend_wrong_dim(scores, values, mask):
@@ -820,7 +847,7 @@ REFERENCES = {
     "final_states": seq2seq.final_states,
     "sequence_exact_match": training.sequence_exact_match,
     "beam_search": decoding.beam_search,
-    "additive_scores": scorers.additive_scores,
+    "additive_attention": scorers.additive_attention,
     "attend": scorers.attend,
     "bilinear_scores": scorers.bilinear_scores,
     "luong_step": seq2seq.luong_step,

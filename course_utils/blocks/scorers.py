@@ -1,7 +1,9 @@
 """Score functions for attention over encoder states, and the context vector (notebook 02).
 
-Bahdanau's additive score, Luong's concat, dot and "general" (bilinear)
-scores, and :func:`attend`, which turns scores into weights and a context.
+Bahdanau's additive attention (:func:`additive_attention`, the score, the masked
+softmax and the context in one step), Luong's concat, dot and "general"
+(bilinear) scores, and :func:`attend`, which turns any scores into weights and a
+context. Every score module's ``attend`` method gives the context and the weights.
 Shapes: ``B`` batch, ``S`` source length, ``R`` query width (the decoder
 state), ``Dk`` key width (the encoder states, which are also the values),
 ``A`` attention size. The scoring vector is ``v_a`` (Bahdanau's name), not
@@ -21,23 +23,33 @@ from course_utils.blocks.attention import masked_softmax  # True = may attend; f
 ScoreKind = Literal["additive", "concat", "dot", "bilinear"]
 
 
-def additive_scores(q_proj: torch.Tensor, k_proj: torch.Tensor, v_a: torch.Tensor) -> torch.Tensor:
-    """Bahdanau's additive scores ``e_j = v_a^T tanh(W_q s + W_k h_j + b)`` (notebook 02's exercise, section 2).
+def additive_attention(
+    query: torch.Tensor, projected_keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+    W_q: torch.Tensor, v_a: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bahdanau's attention for one output step of a batch (notebook 02's exercise, section 2).
 
-    The projections are applied by the caller (``W_k h_j + b`` once per
-    sequence); this is the part that compares one query with every source
-    position.
+    Scores ``e_j = v_a^T tanh(W_q s + W_k h_j + b)``, weights ``w = softmax_j(e_j)`` over
+    the real positions, context ``c = sum_j w_j h_j``. The keys are projected by the
+    caller (``W_k h_j + b`` once per sequence); the query is projected here, at every step.
 
     Args:
-        q_proj: ``W_q s``, the projected query, ``(B, A)`` float.
-        k_proj: ``W_k h_j + b`` for every source position, ``(B, S, A)`` float.
+        query: ``s``, the previous decoder state, ``(B, R)`` float.
+        projected_keys: ``W_k h_j + b`` for every source position, ``(B, S, A)`` float.
+        values: ``h_j``, the encoder states, ``(B, S, Dk)`` float.
+        mask: ``(B, S)`` bool, True on real source tokens.
+        W_q: ``(A, R)`` float, stored like the weight of an ``nn.Linear(R, A)``.
         v_a: The scoring vector, ``(A,)`` float.
 
     Returns:
-        Scores ``(B, S)`` float.
+        ``context`` ``(B, Dk)`` and ``weights`` ``(B, S)``, 0 on padding, each row summing to 1.
     """
-    hidden = torch.tanh(q_proj[:, None, :] + k_proj)  # (B, 1, A) + (B, S, A) -> (B, S, A)
-    return hidden @ v_a  # (B, S, A) @ (A,) -> (B, S)
+    q_proj = query @ W_q.T  # (B, R) @ (R, A) -> (B, A)
+    hidden = torch.tanh(q_proj[:, None, :] + projected_keys)  # (B, 1, A) + (B, S, A) -> (B, S, A)
+    scores = hidden @ v_a  # (B, S, A) @ (A,) -> (B, S)
+    weights = masked_softmax(scores, mask)  # (B, S), exactly 0 on padding
+    context = (weights[:, None, :] @ values)[:, 0]  # (B, 1, S) @ (B, S, Dk) -> (B, 1, Dk) -> (B, Dk)
+    return context, weights
 
 
 def bilinear_scores(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -65,15 +77,17 @@ class AdditiveScore(nn.Module):
         query_size: ``R``.
         key_size: ``Dk``.
         attn_size: ``A``, width of the hidden layer.
-        scores: The function that compares the projected query with every projected key,
-            ``scores(q_proj (B, A), k_proj (B, S, A), v_a (A,)) -> (B, S)``; by default
-            :func:`additive_scores`. Notebook 02 passes the learner's own once it passes its check.
+        attention: The function that turns the query, the projected keys and the values into
+            a context and weights, ``attention(query (B, R), projected_keys (B, S, A), values
+            (B, S, Dk), mask (B, S), W_q (A, R), v_a (A,)) -> (context (B, Dk), weights (B, S))``;
+            by default :func:`additive_attention`. Notebook 02 passes the learner's own once it
+            passes its check; :meth:`attend` calls it.
     """
 
     def __init__(self, query_size: int, key_size: int, attn_size: int,
-                 scores: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+                 attention: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None):
         super().__init__()
-        self.scores = additive_scores if scores is None else scores  # a plain function, not a parameter
+        self.attention = additive_attention if attention is None else attention  # a plain function, not a parameter
         self.W_q = nn.Linear(query_size, attn_size, bias=False)
         self.W_k = nn.Linear(key_size, attn_size, bias=True)
         self.v_a = nn.Parameter(torch.empty(attn_size).uniform_(-(attn_size**-0.5), attn_size**-0.5))  # (A,)
@@ -83,8 +97,16 @@ class AdditiveScore(nn.Module):
         return self.W_k(keys)  # (B, S, Dk) -> (B, S, A)
 
     def score(self, query: torch.Tensor, projected_keys: torch.Tensor) -> torch.Tensor:
-        """Scores from a query and the output of :meth:`precompute`, ``(B, S)``."""
-        return self.scores(self.W_q(query), projected_keys, self.v_a)  # (B, R) -> (B, A); -> (B, S)
+        """Scores from a query and the output of :meth:`precompute`, ``(B, S)`` (the scores of :meth:`attend`)."""
+        hidden = torch.tanh(self.W_q(query)[:, None, :] + projected_keys)  # (B, 1, A) + (B, S, A) -> (B, S, A)
+        return hidden @ self.v_a  # (B, S, A) @ (A,) -> (B, S)
+
+    def attend(self, query: torch.Tensor, projected_keys: torch.Tensor, values: torch.Tensor,
+               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context ``(B, Dk)`` and weights ``(B, S)`` from :attr:`attention`; ``mask`` None = no padding."""
+        if mask is None:
+            mask = torch.ones(projected_keys.shape[:2], dtype=torch.bool, device=projected_keys.device)  # (B, S)
+        return self.attention(query, projected_keys, values, mask, self.W_q.weight, self.v_a)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Unnormalised scores.
@@ -93,7 +115,7 @@ class AdditiveScore(nn.Module):
             query: ``(B, R)``, e.g. the previous decoder state.
             keys: ``(B, S, Dk)``, e.g. the encoder states.
             mask: ``(B, S)`` bool, True = may attend. Unused here (the scores
-                of masked positions are removed by :func:`attend`, with
+                of masked positions are removed by :meth:`attend`, with
                 :func:`course_utils.blocks.attention.masked_softmax`); accepted so
                 that all scorers share one signature.
 
@@ -128,6 +150,11 @@ class ConcatScore(nn.Module):
         both = torch.cat([q, keys], dim=-1)  # (B, S, R) ++ (B, S, Dk) -> (B, S, R + Dk)
         return torch.tanh(self.W(both)) @ self.v_a  # (B, S, R+Dk) -> (B, S, A) -> (B, S)
 
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context ``(B, Dk)`` and weights ``(B, S)``: :func:`attend` of the scores; ``mask`` None = no padding."""
+        return attend(self.score(query, keys), values, mask)
+
     def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Scores ``(B, S)`` for query ``(B, R)`` and keys ``(B, S, Dk)``; see :class:`AdditiveScore`."""
         return self.score(query, keys)
@@ -145,6 +172,11 @@ class DotScore(nn.Module):
         if query.shape[-1] != keys.shape[-1]:
             raise ValueError(f"DotScore needs equal widths, got query {query.shape[-1]} and keys {keys.shape[-1]}")
         return torch.bmm(keys, query.unsqueeze(-1)).squeeze(-1)  # (B, S, D) @ (B, D, 1) -> (B, S, 1) -> (B, S)
+
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context ``(B, Dk)`` and weights ``(B, S)``: :func:`attend` of the scores; ``mask`` None = no padding."""
+        return attend(self.score(query, keys), values, mask)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Scores ``(B, S)`` for query ``(B, D)`` and keys ``(B, S, D)``; see :class:`AdditiveScore`."""
@@ -171,6 +203,11 @@ class BilinearScore(nn.Module):
     def score(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Scores ``(B, S)``."""
         return bilinear_scores(query, keys, self.W)
+
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context ``(B, Dk)`` and weights ``(B, S)``: :func:`attend` of the scores; ``mask`` None = no padding."""
+        return attend(self.score(query, keys), values, mask)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Scores ``(B, S)`` for query ``(B, R)`` and keys ``(B, S, Dk)``; see :class:`AdditiveScore`."""

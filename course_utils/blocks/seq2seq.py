@@ -268,8 +268,8 @@ class AttentionDecoder(nn.Module):
         embed_size: Width of the token embeddings.
         hidden_size: Decoder GRU size ``R``.
         context_size: Width ``Dk`` of the encoder states.
-        scorer: A score module (e.g. :class:`AdditiveScore`) with
-            ``precompute(keys)`` and ``score(query, precomputed)``.
+        scorer: A score module (e.g. :class:`AdditiveScore`) with ``precompute(keys)``,
+            ``score(query, precomputed)`` and ``attend(query, precomputed, values, mask)``.
     """
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, context_size: int, scorer: nn.Module):
@@ -306,8 +306,7 @@ class AttentionDecoder(nn.Module):
             ``emb`` ``(B, embed_size)`` and ``weights`` ``(B, S)``. (The output
             layer is applied outside, to all steps at once.)
         """
-        scores = self.scorer.score(state, projected_keys)  # query s_{i-1} (B, R), keys (B, S, A) -> (B, S)
-        context, weights = attend(scores, enc_states, mask)  # (B, Dk), (B, S)
+        context, weights = self.scorer.attend(state, projected_keys, enc_states, mask)  # query s_{i-1}: (B, Dk), (B, S)
         emb = self.embedding(y_prev)  # (B,) -> (B, embed_size)
         state = self.cell(torch.cat([emb, context], dim=-1), state)  # (B, embed_size + Dk), (B, R) -> s_i (B, R)
         return state, context, emb, weights

@@ -41,7 +41,7 @@ from course_utils.checks.core import (
     passed,
 )
 from course_utils.checks.bahdanau import (
-    check_additive_scores,
+    check_additive_attention,
     check_attend,
     check_attention_step,
     check_bilinear_scores,
@@ -103,7 +103,7 @@ __all__ = [
     "exercise_check",
     "CheckError",
     "call",
-    "check_additive_scores",
+    "check_additive_attention",
     "check_attend_with_cache",
     "check_beam_search",
     "check_apply_rotary",

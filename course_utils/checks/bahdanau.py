@@ -1,4 +1,4 @@
-"""Checkers for notebook 02: additive and bilinear scores, the context vector, the decoder steps of Bahdanau and Luong."""
+"""Checkers for notebook 02: additive attention, bilinear scores, the context vector, the decoder steps of Bahdanau and Luong."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from course_utils.blocks import attention, scorers, seq2seq
+from course_utils.blocks.attention import masked_softmax
 from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
                                      shape_cases, sweep)
 from course_utils.checks.inspection import has_python_loop
@@ -16,80 +17,195 @@ from course_utils.checks.flow import exercise_check
 
 
 @exercise_check
-def check_additive_scores(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int = 0,
-                          B: int = 3, S: int = 5, A: int = 4) -> None:
-    """Check a learner's ``additive_scores(q_proj, k_proj, v_a) -> (B, S)`` (notebook 02, the exercise of section 2).
+def check_additive_attention(fn: Callable[..., Any], seed: int = 0, B: int = 3, S: int = 5, R: int = 4, Dk: int = 7,
+                             A: int = 6) -> None:
+    """Check a learner's ``additive_attention(query, projected_keys, values, mask, W_q, v_a)`` (notebook 02, section 2).
 
-    With ``B == S`` a query that is not broadcast over the source positions
-    runs without error and gives wrong numbers; the check recognises that too.
-    A function that raises is run once more with ``S == A``: if it runs then,
-    its product with v_a most likely contracts S instead of A.
-    The messages name the bug in words and never show the indexing or the
-    operator that fixes it. Forward and backward, at the sizes asked for, then
-    at B = 1, S = 1 and sizes that all differ.
+    The whole attention step of Bahdanau's decoder for a batch: the scores
+    ``e_j = v_a^T tanh(W_q s + W_k h_j + b)`` (``W_k h_j + b`` arrives projected), the
+    softmax over the real source positions and the context ``c = sum_j w_j h_j``,
+    returned as ``(context (B, Dk), weights (B, S))``. Values and gradients (with
+    respect to the query, the projected keys, the values, ``W_q`` and ``v_a``) are
+    compared with :func:`course_utils.blocks.scorers.additive_attention`, at the sizes
+    asked for (all different by default), then at B = 1, S = 1 and a larger batch;
+    in every batch of two or more one source has the full length and one a single
+    real token, and the padded positions hold values that must not count. Each case
+    is tried again with scores of several hundred, where an unguarded ``exp``
+    overflows. The messages name the bug in words and never show the code that fixes it.
 
     Raises:
         CheckError: Naming the likely bug.
     """
     __tracebackhide__ = True  # noqa: F841
-    with reference_guard(fn, scorers.additive_scores):
-        sweep(lambda B, S, A: _additive_scores_once(fn, seed, B, S, A),
-              shape_cases({"B": B, "S": S, "A": A}, ones=("B", "S"), distinct={"B": 3, "S": 5, "A": 4}))
+    sizes = {"B": B, "S": S, "R": R, "Dk": Dk, "A": A}
+    cases = shape_cases(sizes, ones=("B", "S"), distinct={"B": 3, "S": 5, "R": 4, "Dk": 7, "A": 6})
+    cases.append((f"a larger batch, B = {B + 3}", {**sizes, "B": B + 3}, "a batch of another size"))
+    with reference_guard(fn, scorers.additive_attention, scorers.attend):
+        sweep(lambda B, S, R, Dk, A: _additive_attention_once(fn, seed, B, S, R, Dk, A), cases)
         if has_python_loop(fn):
-            raise CheckError("the scores are right, but your function has a Python loop (a `for` or `while` loop, or "
-                             "a comprehension), which the exercise rules out (\"No loops\"): broadcasting lets each "
-                             "sequence's projected query meet all of its projected keys in one expression")
-    passed("additive_scores")
+            raise CheckError("the context and the weights are right, but your function has a Python loop (a `for` or "
+                             "`while` loop, or a comprehension), which the exercise rules out (\"No loops\"): every "
+                             "operation of the step takes the whole batch, and every source position, at once")
+    passed("additive_attention")
 
 
-def _additive_scores_once(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], seed: int, B: int, S: int,
-                          A: int) -> None:
+_ATTENTION_OUTPUTS = "a tuple (context (B, Dk), weights (B, S))"
+_ATTENTION_SHAPES = ("check the shapes: query (B, R) is one decoder state per sequence; W_q (A, R) is stored like "
+                     "the weight of an nn.Linear from R features to A, so it maps the query's R features to A; "
+                     "projected_keys (B, S, A) holds S keys for each sequence, and each sequence's projected query "
+                     "must meet every source position of its own sequence; v_a (A,) weighs the A hidden units; "
+                     "values (B, S, Dk) are averaged over the S positions")
+
+
+def _additive_attention_inputs(g: torch.Generator, B: int, S: int, R: int, Dk: int,
+                               A: int) -> tuple[torch.Tensor, ...]:
+    """query, projected_keys, values, mask, W_q, v_a: lengths from 1 to S, values that are not 0 on padding."""
+    query = torch.tanh(torch.randn(B, R, generator=g))  # s_{i-1}, in (-1, 1) like a GRU state
+    projected_keys = torch.randn(B, S, A, generator=g)
+    values = torch.randn(B, S, Dk, generator=g)  # not zero on padding: padding that counts changes the context
+    lengths = torch.randint(1, S + 1, (B,), generator=g)
+    lengths[0] = S
+    if B > 1:
+        lengths[-1] = 1
+    mask = torch.arange(S)[None, :] < lengths[:, None]  # (B, S), True on real tokens
+    W_q = torch.randn(A, R, generator=g) / R**0.5
+    v_a = 2 * torch.randn(A, generator=g)
+    return query, projected_keys, values, mask, W_q, v_a
+
+
+def _additive_attention_once(fn: Callable[..., Any], seed: int, B: int, S: int, R: int, Dk: int, A: int) -> None:
     __tracebackhide__ = True  # noqa: F841
     g = torch.Generator().manual_seed(seed)
-    q_proj = torch.randn(B, A, generator=g)
-    k_proj = torch.randn(B, S, A, generator=g)
-    v_a = torch.randn(A, generator=g)
-    inputs = (q_proj, k_proj, v_a)
+    inputs = _additive_attention_inputs(g, B, S, R, Dk, A)
+    copies = tuple(t.clone() for t in inputs)
+    got = _call_additive_attention(fn, inputs, B, S, Dk, A, g)
+    if not all(torch.equal(a, b) for a, b in zip(inputs, copies)):
+        raise CheckError("additive_attention changed an input in place (e.g. with masked_fill_), so use out-of-place "
+                         "operations")
+    _compare_attention(got, inputs, B, S, Dk, A, label="")
+    check_gradients(fn, inputs, scorers.additive_attention, name="additive_attention",
+                    wrt={0: "query", 1: "projected_keys", 2: "values", 4: "W_q", 5: "v_a"},
+                    what="the context and the weights", seed=seed)
+
+    # Scores of several hundred: a softmax written as exp(e) / sum exp(e) overflows to inf / inf = NaN.
+    query, projected_keys, values, mask, W_q, v_a = inputs
+    large = (query, projected_keys, values, mask, W_q, 300 * v_a)
+    got = call(fn, *large, name="additive_attention", expected=f"{_ATTENTION_OUTPUTS}, for large scores")
+    if (isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], torch.Tensor) and got[1].is_floating_point()
+            and not torch.isfinite(got[1]).all()):
+        raise CheckError("with scores of several hundred the weights contain NaN or inf: the exponential of a large "
+                         "score overflows, and inf / inf is NaN. A softmax that is safe for any scores (notebook 00's "
+                         "masked softmax, or torch's) shifts each row by its largest score first")
+    _compare_attention(got, large, B, S, Dk, A, label="for scores of several hundred")
+
+
+def _call_additive_attention(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...], B: int, S: int, Dk: int, A: int,
+                             g: torch.Generator) -> Any:
+    """The learner's output; if it raises, find out whether it runs with R = A (the query projection's side)."""
+    __tracebackhide__ = True  # noqa: F841
     try:
-        got, expected = _run_scorer(fn, scorers.additive_scores, inputs, B, S, error_hint=_QUERY_PER_SEQUENCE)
+        return call(fn, *inputs, name="additive_attention", expected=_ATTENTION_OUTPUTS, error_hint=_ATTENTION_SHAPES)
     except CheckError as err:
-        # Does it run when S = A (and B does not equal either)? Then an axis of length S met one of length A.
-        square = (torch.randn(A + 1, A, generator=g), torch.randn(A + 1, A, A, generator=g), v_a)
+        # Does it run when R = A? Then the query met W_q, or the keys, along the wrong axis.
+        square = _additive_attention_inputs(g, B, S, A, Dk, A)
+        query, projected_keys, values, mask, W_q, v_a = square
         try:
-            call(fn, *square, name="additive_scores")
+            got = call(fn, *square, name="additive_attention")
         except CheckError:
             raise err from None
-        _run_scorer(fn, scorers.additive_scores, inputs, B, S, error_hint=_V_A_OVER_S)  # the same error, its cause
-        raise
-    suspects = {
-        "the tanh is missing. Without it the score is linear, v_a^T W_q s + v_a^T W_k h_j, and the query term "
-        "is the same for every position, so it cannot change which source position wins":
-            (q_proj[:, None, :] + k_proj) @ v_a,
+        weights = got[1] if isinstance(got, tuple) and len(got) == 2 else got
+        want = scorers.additive_attention(*square)[1]
+        unprojected = scorers.additive_attention(query, projected_keys, values, mask, torch.eye(A), v_a)[1]
+        if isinstance(weights, torch.Tensor) and weights.shape == want.shape and torch.allclose(weights, unprojected,
+                                                                                              atol=1e-5):
+            raise CheckError("it runs only when R = A, and then it matches a query that was never projected: the "
+                             "score compares W_q s (A features) with the projected keys, not s itself (R features)"
+                             ) from None
+        raise CheckError("it runs only when R = A, the width of the query equals that of the projected keys, so the "
+                         "query projection runs along the wrong axis of W_q. W_q (A, R) is stored like the weight of "
+                         "an nn.Linear from R features to A: it must turn the R features of each query into A "
+                         "features") from None
+
+
+def _compare_attention(got: Any, inputs: tuple[torch.Tensor, ...], B: int, S: int, Dk: int, A: int,
+                       label: str) -> None:
+    """Compare the learner's (context, weights) with the reference's, naming the known mistakes."""
+    __tracebackhide__ = True  # noqa: F841
+    query, projected_keys, values, mask, W_q, v_a = inputs
+    where = f" {label}" if label else ""
+    if not isinstance(got, tuple) or len(got) != 2:
+        raise CheckError(f"expected additive_attention to return {_ATTENTION_OUTPUTS}{where}, got {describe(got)}")
+    context, weights = got
+    if (isinstance(context, torch.Tensor) and isinstance(weights, torch.Tensor)
+            and tuple(context.shape) == (B, S) and tuple(weights.shape) == (B, Dk) and S != Dk):
+        raise CheckError("the context and the weights came back in the wrong order; return (context, weights)")
+    want_context, want_weights = scorers.additive_attention(*inputs)
+    q_proj = query @ W_q.T  # (B, A)
+    pre = q_proj[:, None, :] + projected_keys  # (B, S, A), the hidden layer before its tanh
+    scores = torch.tanh(pre) @ v_a  # (B, S)
+    masked = scores.masked_fill(~mask, float("-inf"))
+    weight_suspects = {
+        "the softmax ran over the batch (one source position across all sequences) instead of over the source "
+        "positions of each sequence": torch.softmax(masked, dim=0).nan_to_num(0.0),
+        "padding was not masked, so the padded source positions get weight": torch.softmax(scores, dim=-1),
+        "the mask is inverted: True marks the real tokens, the ones that may be attended to, and the padding must "
+        "get zero weight": masked_softmax(scores, ~mask),
+        "the padded scores were set to 0, but a score of 0 is not left out of the softmax: exp(0) = 1, so the padding "
+        "still takes weight. A padded position must get zero weight": torch.softmax(scores * mask, dim=-1),
+        "the softmax ran over every position, padding included, and the padded weights were then set to 0: the "
+        "weights of the real positions no longer sum to 1. The padding must be left out before the softmax, not "
+        "after": torch.softmax(scores, dim=-1) * mask,
+        "these are the scores, not the weights: the weights are a softmax of the scores over the real positions, "
+        "positive and summing to 1 in each row": scores,
+        "these are the masked scores, not the weights: the softmax is missing": scores * mask,
+        "the weights are not normalised: each row must sum to 1 over its real positions (the softmax divides by the "
+        "row's sum)": torch.exp(scores) * mask,
+        "the tanh is missing. Without it the score is linear, v_a^T W_q s + v_a^T (W_k h_j + b), and the query's "
+        "part is the same for every position, so it cannot change which source position wins":
+            masked_softmax(pre @ v_a, mask),
         "tanh was applied after v_a, but it belongs to the hidden layer, v_a^T tanh(W_q s + W_k h_j + b)":
-            torch.tanh((q_proj[:, None, :] + k_proj) @ v_a),
-        "the hidden layer was summed over A instead of weighted by v_a": torch.tanh(q_proj[:, None, :] + k_proj).sum(-1),
-        "these are weights, not scores (the softmax comes later, in attend)": torch.softmax(expected, dim=-1),
+            masked_softmax(torch.tanh(pre @ v_a), mask),
+        "the hidden layer was summed over its A units instead of weighted by v_a":
+            masked_softmax(torch.tanh(pre).sum(-1), mask),
     }
-    if B == S:
-        suspects["the query was not broadcast over the source positions, so query b was added to source "
-                 "position b of every sequence"] = torch.tanh(q_proj[None, :, :] + k_proj) @ v_a
-    hints = {
+    if B == S:  # then a query that is not broadcast over the positions runs without error
+        weight_suspects["the query was not broadcast over the source positions, so query b was added to source "
+                        "position b of every sequence. Each sequence's projected query must meet every source "
+                        "position of its own sequence"] = masked_softmax(torch.tanh(q_proj[None, :, :] + projected_keys)
+                                                                         @ v_a, mask)
+    weight_hints = {
         (B, S, A): "the A axis is still there, so the hidden layer was not reduced with v_a",
         (B, S, 1): "one size-1 axis too many at the end",
+        (B, 1, S): "one size-1 axis too many in the middle",
     }
-    if S == A:  # then a product with v_a that runs over S instead of A raises nothing
-        hints[(B, 1, A)] = _V_A_OVER_S
-    check_close(got, expected, name="scores", shape="B S", dims={"B": B, "S": S}, hints=hints, suspects=suspects,
-                hint="work out one score by hand, for one sequence and one source position, and compare")
-    check_gradients(fn, inputs, scorers.additive_scores, name="additive_scores",
-                    wrt={0: "q_proj", 1: "k_proj", 2: "v_a"}, what="the scores", seed=seed)
-
-
-_QUERY_PER_SEQUENCE = ("q_proj (B, A) holds one projected query per sequence, and each one must meet every source "
-                       "position of its own sequence in k_proj (B, S, A)")
-_V_A_OVER_S = ("it runs when S = A, so an axis of length S meets one of length A: did the product with v_a run over "
-               "the source positions (S) instead of the hidden units (A)? v_a (A,) weighs the A hidden units of each "
-               "position, the last axis of the hidden layer (B, S, A)")
+    check_close(weights, want_weights, name=f"weights{where}", shape="B S", dims={"B": B, "S": S},
+                suspects=weight_suspects, hints=weight_hints,
+                hint="work out one sequence's weights by hand: its scores, then a softmax over its real positions only")
+    over_features = ("each weight was multiplied into its value and the product summed over the Dk features of each "
+                     "value: that gives one number per source position. The context is a sum over the source "
+                     "positions (the S axis), one vector of Dk features per sequence")
+    context_suspects = {
+        "the context sums the values without the weights": values.sum(1),
+        "the context averages the values uniformly instead of weighting them by the attention weights": values.mean(1),
+        "the context was weighted by the softmax over every position, padding included, not by the weights "
+        "returned": (torch.softmax(scores, dim=-1)[:, None, :] @ values)[:, 0],
+    }
+    if S == Dk:  # then the sum over the features has the context's shape
+        context_suspects[over_features] = (want_weights[:, :, None] * values).sum(-1)
+    context_hints = {  # a later key wins where two shapes coincide (B = S, or B = 1)
+        (B, B, Dk): "every sequence's weights met every sequence's values: a matrix product of the (B, S) weights "
+                    "with the (B, S, Dk) values gives the weights of all B sequences for each sequence's values. "
+                    "Sequence b's weights must meet only sequence b's values",
+        (B, S): over_features,
+        (B, A): "the context averages the projected keys W_k h_j + b instead of the encoder states h_j, which are "
+                "the values",
+        (B, S, Dk): "the weighted values were not yet summed over the source positions (the S axis)",
+        (B, 1, Dk): "one size-1 axis too many in the middle",
+    }
+    check_close(context, want_context, name=f"context{where}", shape="B Dk", dims={"B": B, "Dk": Dk},
+                suspects=context_suspects, hints=context_hints,
+                hint="c = sum over j of w_j h_j: each sequence's values weighted by that sequence's weights, summed "
+                     "over the source positions")
 
 
 def _run_scorer(fn: Callable[..., Any], reference: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...],
