@@ -139,7 +139,7 @@ def plot_accuracy_by_length(
         title: Axes title.
         longest_training_length: Draw a dotted vertical line there.
         colours: ``{label: matplotlib colour}``, so that a model keeps its colour from figure to figure
-            (01 and 02: the plain model at notebook 01's budget is ``"C0"``, the attention model ``"C1"``);
+            (01 and 02: the plain model at notebook 01's budget is ``"C0"``, the attention model ``"C3"``);
             default: matplotlib's cycle, in the order of ``curves``.
 
     Returns:
