@@ -88,8 +88,14 @@ BUGGY = {
             "    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)\n"
             "    return weights @ v, weights\n"
         ),
-        # misses statement 6 (v_i instead of v_j)
-        "spot_the_error": "spot_the_error = {1, 4, 5}\n",
+        # the padding keys are not masked, so a padding row can win
+        "top_keys": (
+            "def top_keys(x, lengths, W_q=None, W_k=None):\n"
+            "    q = x if W_q is None else x @ W_q\n"
+            "    k = x if W_k is None else x @ W_k\n"
+            "    top = torch.softmax(q @ k.transpose(-2, -1), dim=-1).argmax(dim=-1)\n"
+            "    return top.masked_fill(torch.arange(x.shape[1]) >= lengths[:, None], -1)\n"
+        ),
     },
     "04_scaling": {
         # right values, but a NaN gradient at the masked keys: torch.where still takes log 0 in the backward pass
@@ -331,6 +337,17 @@ _CAUSAL = ("def causal_tiled_attention(q, k, v, block_size):\n"
            "    return torch.cat(outs, dim=-2), tiles\n")  # right: notebook 09's exercise 2, for the variants below
 _CAUSAL_MASK = ("                cols = torch.arange(k_start, k_start + k_block.shape[-2])\n"
                 "                scores = scores.masked_fill(cols[None, :] > rows[:, None], float('-inf'))\n")
+# A right answer to notebook 03's exercise 2 (top_keys), written out without the course's functions; the buggy
+# answers below change one thing in it.
+_TOP_KEYS = ("def top_keys(x, lengths, W_q=None, W_k=None):\n"
+             "    positions = torch.arange(x.shape[1])\n"
+             "    q = x if W_q is None else x @ W_q\n"
+             "    k = x if W_k is None else x @ W_k\n"
+             "    keys = positions < lengths[:, None, None]\n"
+             "    scores = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(~keys, float('-inf'))\n"
+             "    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)\n"
+             "    top = weights.argmax(dim=-1)\n"
+             "    return top.masked_fill(positions >= lengths[:, None], -1)\n")
 NEW_KINDS = {
     "padding_mask_for": [
         ("True marks the padding", "def padding_mask_for(lengths, scores):\n"
@@ -575,6 +592,41 @@ NEW_KINDS = {
          "        scores = scores.masked_fill(~mask, float('-inf'))\n    weights = torch.softmax(scores, dim=-1)\n"
          "    if mask is not None:\n        weights = weights * mask.any(dim=-1, keepdim=True)\n"
          "    return weights @ v, weights\n", "weights are NaN"),
+    ],
+    "top_keys": [
+        ("calls the reference", "def top_keys(x, lengths, W_q=None, W_k=None):\n"
+         "    from course_utils.experiments import embeddings\n    return embeddings.top_keys(x, lengths, W_q, W_k)\n",
+         "calls the course's reference"),
+        ("real keys up to lengths[b], one too many", _TOP_KEYS.replace("< lengths[:, None, None]", "<= lengths[:, None, None]"),
+         "the first padded one, was allowed"),
+        ("a causal mask", _TOP_KEYS.replace("keys = positions < lengths[:, None, None]",
+                                            "keys = (positions < lengths[:, None, None]) & (positions <= positions[:, None])"),
+         "no causal mask"),
+        ("the query's own key left out", _TOP_KEYS.replace("keys = positions < lengths[:, None, None]",
+                                                           "keys = (positions < lengths[:, None, None]) & "
+                                                           "(positions != positions[:, None])"),
+         "own key was left out"),
+        ("the largest weight along the queries", _TOP_KEYS.replace("weights.argmax(dim=-1)", "weights.argmax(dim=-2)"),
+         "for each key, the query that weighs it most"),
+        ("the smallest weight", _TOP_KEYS.replace("weights.argmax(dim=-1)", "weights.masked_fill(~keys, 2.0).argmin(dim=-1)"),
+         "the key of the smallest weight"),
+        ("padded queries keep their key", _TOP_KEYS.replace("top.masked_fill(positions >= lengths[:, None], -1)", "top"),
+         "the padded queries got a key index"),
+        ("padded queries get 0", _TOP_KEYS.replace("lengths[:, None], -1)", "lengths[:, None], 0)"),
+         "the padded queries got 0"),
+        ("projections ignored", _TOP_KEYS.replace("x if W_q is None else x @ W_q", "x").replace(
+            "x if W_k is None else x @ W_k", "x"), "W_q and W_k were ignored"),
+        ("q and k swapped", _TOP_KEYS.replace("q = x if W_q is None else x @ W_q", "q = x if W_k is None else x @ W_k")
+         .replace("k = x if W_k is None else x @ W_k", "k = x if W_q is None else x @ W_q"), "q and k were swapped"),
+        ("projections transposed", _TOP_KEYS.replace("x @ W_q", "x @ W_q.T").replace("x @ W_k", "x @ W_k.T"),
+         "q = x @ W_q has shape (B, T, Dk)"),
+        ("the weights returned", _TOP_KEYS.replace("return top.masked_fill(positions >= lengths[:, None], -1)",
+                                                   "return weights"), "these look like the weights"),
+        ("whether the query is its own top key", _TOP_KEYS.replace(
+            "return top.masked_fill(positions >= lengths[:, None], -1)", "return top == positions"), "got a bool tensor"),
+        ("the padding rows of x zeroed in place", _TOP_KEYS.replace(
+            "    q = x if", "    x.masked_fill_((positions >= lengths[:, None])[..., None], 0.0)\n    q = x if"),
+         "changed an input in place"),
     ],
     "attention_entropy": [
         ("3-D-only code", "def attention_entropy(weights):\n"

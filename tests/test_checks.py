@@ -508,19 +508,8 @@ from course_utils.checks import (  # noqa: E402
     check_attention_scale,
     check_scaled_dot_product_attention,
     check_scaled_scores,
-    check_spot_the_error,
+    check_top_keys,
 )
-
-# The answer key of 03's spot-the-error exercise, read from the instructor's solution cell: nothing a learner's kernel
-# can import holds it (test_no_answer_key_of_spot_the_error_is_importable).
-WORKED_EXAMPLE_WRONG = frozenset(notebook_solution("03_self_attention", "spot_the_error"))
-
-
-def test_check_spot_the_error_accepts_any_iterable_of_the_numbers(capsys):
-    check_spot_the_error(set(WORKED_EXAMPLE_WRONG))
-    check_spot_the_error(sorted(WORKED_EXAMPLE_WRONG))
-    check_spot_the_error(tuple(WORKED_EXAMPLE_WRONG))
-    assert capsys.readouterr().out.count("all checks passed") == 3
 
 
 def _sdpa(scale_fn=None, dim=-1, weights_fn=None, mask_fn=None, order=None):
@@ -591,99 +580,60 @@ def test_check_scaled_dot_product_attention_names_the_bug(buggy, fragment):
     assert fragment in str(err.value)
 
 
-@pytest.mark.parametrize(
-    ("answer", "fragment"),
-    [
-        (None, "got None"),
-        (3, "expected a set of statement numbers"),
-        ({"1"}, "'1' is not a statement number"),
-        ({1, 9}, "9 is not a statement number"),
-        (set(), "spot_the_error is still empty"),
-        # three wrong statements found, one missed: the message must not read as "your picks are wrong"
-        (set(WORKED_EXAMPLE_WRONG) - {5}, "not yet the set of wrong statements: your set has 3 numbers and 4 "
-                                          "statements are wrong, so at least 1 wrong statement is still missing"),
-        (set(WORKED_EXAMPLE_WRONG) | {7}, "your set has 5 numbers and only 4 statements are wrong, so at least 1 of "
-                                          "your numbers is a right statement"),
-        (set(WORKED_EXAMPLE_WRONG) - {1} | {2}, "your set has the right size, 4, but at least one of its numbers"),
-        ({2}, "your set has 1 number and 4 statements are wrong, so at least 3 wrong statements are still missing"),
-    ],
-)
-def test_check_spot_the_error_names_the_mistake(answer, fragment):
-    with pytest.raises(CheckError) as err:
-        check_spot_the_error(answer)
-    assert fragment in str(err.value)
+def test_check_top_keys_accepts_right_answers_written_otherwise(capsys):
+    """Notebook 03, exercise 2: the argmax of the scores (the weights' order) and a loop over the sentences pass too."""
+    from buggy_answers import _TOP_KEYS
+
+    from course_utils.experiments import embeddings
+
+    def by_scores(x, lengths, W_q=None, W_k=None):
+        q = x if W_q is None else x @ W_q
+        k = x if W_k is None else x @ W_k
+        real = torch.arange(x.shape[1]) < lengths[:, None]  # (B, T)
+        top = (q @ k.transpose(-2, -1)).masked_fill(~real[:, None, :], float("-inf")).argmax(dim=-1)
+        return torch.where(real, top, -1)
+
+    def per_sentence(x, lengths, W_q=None, W_k=None):
+        rows = []
+        for sentence, n in zip(x, lengths.tolist()):
+            top = torch.full((x.shape[1],), -1)
+            if n:
+                q = sentence[:n] if W_q is None else sentence[:n] @ W_q
+                k = sentence[:n] if W_k is None else sentence[:n] @ W_k
+                top[:n] = (q @ k.T).argmax(dim=-1)
+            rows.append(top)
+        return torch.stack(rows)
+
+    namespace = {"torch": torch}
+    exec(_TOP_KEYS, namespace)  # noqa: S102 - test fixture code
+    for fn in (by_scores, per_sentence, namespace["top_keys"]):
+        for kwargs in ({}, {"seed": 1, "B": 1, "T": 2, "D": 3, "Dk": 5}, {"seed": 2, "B": 4, "T": 7, "D": 5, "Dk": 5}):
+            check_top_keys(fn, **kwargs)
+    assert capsys.readouterr().out.count("all checks passed") == 9
+    assert embeddings.top_keys.__module__ == "course_utils.experiments.embeddings"
 
 
-def test_check_spot_the_error_does_not_reveal_the_key():
-    """Over all 256 answers, the message depends only on the size of the set (and on whether it is exactly right):
-    two sets of the same size get the same message, so no sequence of tries, one-element sets included, learns which
-    statements are wrong (issue 27: eight one-element submissions used to extract the key)."""
-    import itertools
+def test_check_top_keys_ships_no_answer_key():
+    """Issue 35: notebook 03's old exercise 2 had an importable answer key. Its checker now computes every expected
+    answer from random inputs: the module holds no tensor and no collection of numbers, and a buggy answer's message
+    names the bug without printing a row of the expected keys."""
+    from buggy_answers import CHECKER_ONLY_KINDS, NEW_KINDS
 
-    from course_utils.checks import WORKED_EXAMPLE_STATEMENTS
+    from course_utils.checks import self_attention
 
-    by_size: dict[int, set[str]] = {}
-    for size in range(1, 9):
-        for answer in itertools.combinations(range(1, 9), size):
-            try:
-                check_spot_the_error(set(answer))
-                continue  # the one right answer
-            except CheckError as err:
-                message = str(err)
-            assert not re.search(r"statement \d|\{\d", message), message
-            assert not any(text in message for text in WORKED_EXAMPLE_STATEMENTS.values()), message
-            by_size.setdefault(size, set()).add(message)
-    assert all(len(messages) == 1 for messages in by_size.values()), "a message depends on more than the set's size"
-    singles = set()
-    for n in range(1, 9):  # the attack of the issue: one statement at a time
-        with pytest.raises(CheckError) as err:
-            check_spot_the_error({n})
-        singles.add(str(err.value))
-    assert len(singles) == 1
-
-
-def test_the_right_set_opens_the_explanation_of_every_statement(capsys):
-    """Once the set is right, the check explains each statement (the reveal after the exercise), once per call."""
-    check_spot_the_error(set(WORKED_EXAMPLE_WRONG))
-    out = capsys.readouterr().out
-    lines = [line for line in out.splitlines() if re.match(r"\d\. (right|wrong): ", line)]
-    assert [int(line[0]) for line in lines] == list(range(1, 9)), out
-    assert {int(line[0]) for line in lines if line[3:].startswith("wrong: ")} == WORKED_EXAMPLE_WRONG
-    assert "Σ_j w_ij v_j" in out  # the reasons, not only the verdicts
-
-
-def test_no_answer_key_of_spot_the_error_is_importable():
-    """Issue 34: the key was an importable constant (WORKED_EXAMPLE_WRONG). No module of course_utils may hold the
-    right set, as any collection of its numbers, nor the explanation in clear; its source may not spell the set."""
-    import importlib
-    import pkgutil
-    from pathlib import Path
-
-    import course_utils
-
-    key = sorted(WORKED_EXAMPLE_WRONG)
-    spelled = re.compile(r"[{\[(]\s*" + r"\s*,\s*".join(map(str, key)) + r"\s*[}\])]")
-    for info in pkgutil.walk_packages(course_utils.__path__, "course_utils."):
-        if info.name.endswith(".__main__"):
-            continue  # a command, not a module to import
-        try:
-            module = importlib.import_module(info.name)
-        except Exception:  # noqa: BLE001 - a module that needs what a kernel lacks cannot leak to it either
-            continue
-        for name, value in vars(module).items():
-            if isinstance(value, (set, frozenset, list, tuple)) and len(value) == len(key):
-                try:
-                    assert sorted(value) != key, f"{info.name}.{name} is the answer key"
-                except TypeError:
-                    pass
-            if isinstance(value, str):
-                assert "Σ_j w_ij v_j" not in value, f"{info.name}.{name} holds the explanation in clear"
-        source = getattr(module, "__file__", None)
-        if source and source.endswith(".py"):
-            assert not spelled.search(Path(source).read_text(encoding="utf-8")), f"{source} spells the answer key"
-    from course_utils import checks
-
-    assert not hasattr(checks, "WORKED_EXAMPLE_WRONG") and not hasattr(checks, "explain_worked_example")
+    for name, value in vars(self_attention).items():
+        assert not isinstance(value, torch.Tensor), f"self_attention.{name} is a stored tensor"
+        if isinstance(value, (list, tuple, set, frozenset, dict)) and not name.startswith("__"):
+            assert not any(isinstance(item, (int, float)) for item in value), f"self_attention.{name} stores numbers"
+    for seed in (0, 3):
+        for kind, source, fragment in NEW_KINDS["top_keys"][1:]:
+            namespace = {"torch": torch}
+            exec(source, namespace)  # noqa: S102 - test fixture code
+            with pytest.raises(CheckError) as err:
+                check_top_keys(namespace["top_keys"], seed=seed)
+            message = str(err.value)
+            assert fragment in message, (kind, message)
+            assert not re.search(r"tensor\(\[|\[-?\d+, -?\d+, -?\d+, -?\d+", message.split("lengths [")[0]), message
 
 
 # Notebook 04's checkers name the bug in words: no code of the solution, no technique that fixes it.
@@ -801,10 +751,10 @@ import torch.nn.functional as F  # noqa: E402
 
 from course_utils import checks  # noqa: E402
 from course_utils.blocks import decoding, gpt, multihead, positional, transformer  # noqa: E402
-from course_utils.experiments import efficiency  # noqa: E402
+from course_utils.experiments import efficiency, embeddings  # noqa: E402
 
 STEM = dict((grade_id, stem) for stem, grade_id in exercises())
-FUNCTIONS = [grade_id for grade_id in STEM if grade_id != "spot_the_error"]  # the exercises that write a function
+FUNCTIONS = list(STEM)  # every exercise writes a function
 
 
 def test_every_function_exercise_has_new_kinds_of_buggy_answers():
@@ -852,6 +802,7 @@ REFERENCES = {
     "bilinear_scores": scorers.bilinear_scores,
     "luong_step": seq2seq.luong_step,
     "scaled_dot_product_attention": attention.scaled_dot_product_attention,
+    "top_keys": embeddings.top_keys,
     "attention_entropy": attention.attention_entropy,
     "scaled_scores": attention.scaled_scores,
     "split_heads": multihead.split_heads,

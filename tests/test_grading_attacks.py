@@ -613,7 +613,7 @@ def test_the_reported_score_is_the_lower_of_the_two_verdicts():
 
 def test_static_flags_look_only_at_what_the_student_wrote():
     """A correct solution of the course's own notebooks was flagged: 02's `attend` keeps the import of
-    `masked_softmax` that its released cell gives, and 03's answer is a value bound to its grade_id."""
+    `masked_softmax` that its released cell gives, and an answer that is a value bound to its grade_id."""
     from course_utils.tooling.submissions import static_flags
 
     def notebook(solution_source: str, grade_id: str, test_source: str) -> nbformat.NotebookNode:
@@ -628,11 +628,11 @@ def test_static_flags_look_only_at_what_the_student_wrote():
                      "attend", "check_attend(attend)")
     assert static_flags(added, release) == ["attend: uses course_utils, where the reference implementations live"]
 
-    release = notebook("# the numbers of the wrong statements\n# YOUR CODE HERE\nraise NotImplementedError()",
-                       "spot_the_error", "check_spot_the_error(spot_the_error)")
-    assert static_flags(notebook("spot_the_error = {1, 2}", "spot_the_error", ""), release) == []
-    shadowed = notebook("spot_the_error = {1}\ncheck_spot_the_error = print", "spot_the_error", "")
-    assert static_flags(shadowed, release) == ["spot_the_error: redefines check_spot_the_error, which the tests use"]
+    release = notebook("# the numbers of the wrong rows\n# YOUR CODE HERE\nraise NotImplementedError()",
+                       "wrong_rows", "check_wrong_rows(wrong_rows)")
+    assert static_flags(notebook("wrong_rows = {1, 2}", "wrong_rows", ""), release) == []
+    shadowed = notebook("wrong_rows = {1}\ncheck_wrong_rows = print", "wrong_rows", "")
+    assert static_flags(shadowed, release) == ["wrong_rows: redefines check_wrong_rows, which the tests use"]
 
 
 # --- Budgets per student (sandbox.Budget) -------------------------------------------------------------------------

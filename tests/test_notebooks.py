@@ -150,7 +150,7 @@ def test_exercises_are_graded_and_followed_by_the_reference(path):
                 f"{grade_id}: the instructor's solution fails its own check"
         assert re.search(r"check_\w+\(", test.source.split("### BEGIN HIDDEN TESTS")[0]), f"{grade_id}: visible tests use a checker"
         if not re.search(r"^(def|class) ", cells[i].source, re.M):
-            continue  # a value (03's set of statements): nothing follows from it, and no answer key ships to replace it
+            continue  # a value answer: nothing follows from it, and no answer key ships to replace it
         fallback = cells[i + 2].source
         assert re.search(rf"^{grade_id} = [\w.]+", fallback, re.M), f"{grade_id}: the cell after the test switches to the reference"
 

@@ -44,7 +44,7 @@ def test_run_all_on_the_untouched_release_runs_to_the_end(path, released):
               for i, c in enumerate(executed.cells) if c.cell_type == "code"
               for o in c.get("outputs", []) if o.get("output_type") == "error"}
     expected = {ex.grade_id: "ExerciseOpen" for ex in exercises(path)}
-    # a value answer left open (03's set of statements) raises NotImplementedError in its own tagged cell
+    # a value answer left open raises NotImplementedError in its own tagged cell
     solutions = {k: v for k, v in failed.items() if k not in expected}
     assert {k: v for k, v in failed.items() if k in expected} == expected, f"{path.name}: {failed}"
     assert set(solutions.values()) <= {"NotImplementedError"}, f"{path.name}: a cell failed: {solutions}"

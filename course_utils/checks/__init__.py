@@ -83,9 +83,8 @@ from course_utils.checks.scaling import (
     check_scaled_scores,
 )
 from course_utils.checks.self_attention import (
-    WORKED_EXAMPLE_STATEMENTS,
     check_scaled_dot_product_attention,
-    check_spot_the_error,
+    check_top_keys,
 )
 from course_utils.checks.deep_stacks import check_gradient_norm_per_block
 from course_utils.checks.transformer import (
@@ -134,10 +133,9 @@ __all__ = [
     "check_scaled_dot_product_attention",
     "check_scaled_scores",
     "check_saturation_width",
-    "check_spot_the_error",
     "check_split_heads",
     "check_tensor",
-    "WORKED_EXAMPLE_STATEMENTS",
+    "check_top_keys",
     "describe",
     "expect_failure",
     "passed",

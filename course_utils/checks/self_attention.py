@@ -1,18 +1,17 @@
-"""Checkers for notebook 03: scaled dot-product attention, the worked example."""
+"""Checkers for notebook 03: scaled dot-product attention, and the top key of each query in a padded batch."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from course_utils.blocks import attention, masks
-from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
+from course_utils.experiments import embeddings
+from course_utils.checks.core import (call, check_close, check_gradients, check_tensor, describe, passed, reference_guard,
                                      shape_cases, sweep)
-from course_utils.core.errors import CheckError, ExerciseOpen
+from course_utils.core.errors import CheckError
 from course_utils.checks.flow import exercise_check
 
 
@@ -192,115 +191,181 @@ def _sdpa_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T: int,
                                           "through that query too, and must give it a zero gradient")
 
 
-# The "spot the error" exercise of notebook 03: statements about a worked example
-# (3 tokens, D = 4 features, Dk = Dv = 3), some right and some wrong.
-WORKED_EXAMPLE_STATEMENTS: dict[int, str] = {
-    1: "W_Q has shape 3 × 4: one row for each of the 3 query features.",
-    2: "q_0 = x_0 W_Q is a vector of 3 numbers.",
-    3: "There is one score e_ij for each pair of a query i and a key j, so the scores form a 3 × 3 matrix.",
-    4: "The weight of key j for query i is w_ij = 1 / (1 + exp(-s)), with s its scaled score, so every weight lies "
-       "between 0 and 1.",
-    5: "The scores e_ij = q_i · k_j are divided by √4 = 2 before the softmax, because each token has D = 4 "
-       "features.",
-    6: "The output for token i is z_i = Σ_j w_ij v_i.",
-    7: "Each row of the 3 × 3 weight matrix sums to 1.",
-    8: "Without a mask, the output z_0 depends on all three tokens.",
-}
-# No answer key is stored here, in any form a learner's kernel could import and read: the checker knows the right
-# set only by a salted SHA-256 of its canonical form (its numbers, sorted, joined by commas), and the explanation of
-# every statement is stored encrypted with a key derived the same way from the right set. A learner's set that is
-# right opens the explanation; any other set opens nothing. (Eight statements make 256 sets, which a loop over the
-# checker can try: a search the checker cannot prevent, but no key to read.)
-_SALT = b"attention course, notebook 03, spot the error: "
-_WRONG_COUNT = 4  # how many statements are wrong: the exercise says so
-_RIGHT_SET_SHA256 = "97face0361e8a92c27487a4958627e91c477bbba8e0db6c9744379843be4dc9c"
-_EXPLANATION = (  # "N. right|wrong: why." for N = 1..8, XOR a SHA-256 keystream of the right set, base64
-    "TZNqwSdTCljVzhZzqHE6wXhG971Nt3Ka+epNqaoJL9sHL04RIUU6C1k5Q5YiYI2qSRTszYYowpXkHFR4g8B7sx8XF49gK5AljDV5"
-    "RRf2455EBOmuum37receF3hJ8c53sgRuN5NVXa8reWkk5U7cTkTBV595HuFgL19k+/fahkajGjeZacRBcXFfY55ljg0aruZosecM"
-    "HozHaapwllOezGupvO5A26aJyVcDl2bPHEaAxVBxcDCYvExgFswVGcW9N2U0loZpTHNUbBv/4Sdja2P+bPw0ykZw6AtNyF/h46mT"
-    "/kjvkr2fA75OUoBxPziXiuunn69PmdmQFrXm/98IyoJ/HQDnFqjVlKH8JPLLO0j3PA7/nZFuBHiJlVK18uvKbrZWspjTH7ENx+Nl"
-    "2sfwJ/vJJpeuugT5U9IA9m8CKllz9vGJOfczQ9w1o++RMtoj8hiSg7ZR2ksW3vpR9VdLdoooAlIFbXbJrMEVG/HixEq7BZ24j5No"
-    "RiKDzLqnrciYXR3Cg9QfKoHQxlybaQa6lKl12XonQPUpogospy7zA+fg6k2KvmlKBD0xzYJw9j/y+8kGJ/G1LCmUvdZ5zBOp48aL"
-    "tSQgNr9WObc3hSUU98V0trd1PoS/7TYt1ke26qdFZAN1sKCQjsLffcomYqUYeEy+DddVFQl4cPrHElibcu+/5geDaJ/UnkCYKWzp"
-    "5EvcoWSPlZwidsyGrDbf6Mp62aRjKJNBW/9+CeaVvwQIlGAGOFqK+5oEXzCmGSRG0ZkeQiLxV0nRQ5r10KhhVKUaQ5Cr9Wy5Xxom"
-    "omUgIIgy0OGu6/IUImb1Zkg3jwK0J87qb3NRX/rsLy5hyWnSHoDjTlc72q5Blcs1aLXLpc6zSdFcYfCLtNtEHg=="
-)
+def _top(x: torch.Tensor, lengths: torch.Tensor, W_q: torch.Tensor | None, W_k: torch.Tensor | None, *,
+         keys: str = "real", dim: int = -1, padded_queries: int | None = -1, pick: str = "max") -> torch.Tensor:
+    """Top keys computed in float64, right by default; each keyword makes one known mistake."""
+    B, T, D = x.shape
+    x64 = x.double()
+    q = x64 if W_q is None else x64 @ W_q.double()  # (B, T, Dk)
+    k = x64 if W_k is None else x64 @ W_k.double()  # (B, T, Dk)
+    scores = q @ k.transpose(-2, -1)  # (B, T, T)
+    positions = torch.arange(T)
+    allowed = {"real": positions < lengths[:, None, None], "one more": positions <= lengths[:, None, None],
+               "all": torch.ones(B, 1, T, dtype=torch.bool),
+               "causal": (positions < lengths[:, None, None]) & (positions <= positions[:, None]),
+               "not itself": (positions < lengths[:, None, None]) & (positions != positions[:, None])}[keys]
+    sign = 1.0 if pick == "max" else -1.0
+    scores = (sign * scores).masked_fill(~allowed, float("-inf"))  # (B, T, T)
+    if dim == -1:
+        top = scores.argmax(dim=-1)  # (B, T)
+    else:  # the weights of each query, then for each key the query that gives it the largest weight
+        weights = torch.softmax(scores / q.shape[-1] ** 0.5, dim=-1).nan_to_num(0.0)  # (B, T, T)
+        top = weights.argmax(dim=-2)  # (B, T)
+    if padded_queries is not None:
+        top = top.masked_fill(positions >= lengths[:, None], padded_queries)
+    return top
 
 
-def _canonical(numbers: set[int]) -> bytes:
-    return ",".join(str(n) for n in sorted(numbers)).encode()
-
-
-def _is_right(numbers: set[int]) -> bool:
-    return hashlib.sha256(_SALT + b"check " + _canonical(numbers)).hexdigest() == _RIGHT_SET_SHA256
-
-
-def _explanation(numbers: set[int]) -> str:
-    """The explanation of every statement, opened with the right set (call it only once ``_is_right(numbers)``)."""
-    key = hashlib.sha256(_SALT + b"key " + _canonical(numbers)).digest()
-    data = base64.b64decode(_EXPLANATION)
-    stream = b"".join(hashlib.sha256(key + i.to_bytes(4, "big")).digest() for i in range(len(data) // 32 + 1))
-    return bytes(a ^ b for a, b in zip(data, stream)).decode()
+def _top_keys_suspects(x: torch.Tensor, lengths: torch.Tensor, W_q: torch.Tensor | None,
+                       W_k: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Known mistakes in top_keys: {message: the (B, T) answer that mistake gives}."""
+    suspects = {
+        "a padded key won: the padding rows can hold anything, so mask the keys at and after each sentence's length "
+        "before picking": _top(x, lengths, W_q, W_k, keys="all"),
+        "the key at position lengths[b], the first padded one, was allowed: the real keys of sentence b are the "
+        "positions 0 to lengths[b] - 1": _top(x, lengths, W_q, W_k, keys="one more"),
+        "each query weighed only the keys up to its own position: this is not a decoder, so no causal mask, every "
+        "real key may win": _top(x, lengths, W_q, W_k, keys="causal"),
+        "a query's own key was left out: the query itself is one of the keys and may win":
+            _top(x, lengths, W_q, W_k, keys="not itself"),
+        "this is, for each key, the query that weighs it most: take the largest weight along the keys, the last axis":
+            _top(x, lengths, W_q, W_k, dim=-2),
+        "this is the key of the smallest weight: the top key has the largest": _top(x, lengths, W_q, W_k, pick="min"),
+        "the padded queries got a key index: they are not tokens, give them -1":
+            _top(x, lengths, W_q, W_k, padded_queries=None),
+        "the padded queries got 0: give them -1, which is no key": _top(x, lengths, W_q, W_k, padded_queries=0),
+    }
+    if W_q is not None:
+        suspects.update({
+            "W_q and W_k were ignored: with projections q = x W_q and k = x W_k": _top(x, lengths, None, None),
+            "q and k were swapped: the query comes from W_q (q = x W_q), the key from W_k (k = x W_k)":
+                _top(x, lengths, W_k, W_q),
+        })
+        if W_q.shape[0] == W_q.shape[1]:  # square projections: x @ W.T and x W_q with k = x fit too
+            suspects.update({
+                "W_q and W_k were transposed: they are (D, Dk) and multiply from the right, q = x @ W_q (it is "
+                "nn.Linear's weight that is stored transposed)": _top(x, lengths, W_q.T, W_k.T),
+                "only the query was projected: the key is x W_k": _top(x, lengths, W_q, torch.eye(W_q.shape[0])),
+                "only the key was projected: the query is x W_q": _top(x, lengths, torch.eye(W_q.shape[0]), W_k),
+            })
+    return suspects
 
 
 @exercise_check
-def check_spot_the_error(answer: Any) -> None:
-    """Check the set of wrong statement numbers of notebook 03's "spot the error" exercise.
+def check_top_keys(fn: Callable[..., Any], seed: int = 0, B: int = 3, T: int = 5, D: int = 6, Dk: int = 4) -> None:
+    """Check a learner's ``top_keys(x, lengths, W_q=None, W_k=None) -> (B, T)`` (notebook 03, exercise 2).
 
-    The set is judged as a whole. A wrong set is told only how its size compares
-    with the number of wrong statements (which the exercise states), never how
-    many or which of its numbers are right: so no sequence of tries, one-element
-    sets included, learns more than "exactly right or not" about any statement.
-    The right set is told why each statement is right or wrong: the explanation
-    opens with that set (see ``_EXPLANATION``); nothing importable holds the key.
+    The expected answer is computed here, in float64, from random inputs: random
+    sentences whose padding rows hold large random numbers (so that a key the mask
+    should hide wins when it is not hidden), lengths from T down to 1 and a sentence
+    of length 0, without projections and with random (D, Dk) projections. All at
+    the sizes asked for, at B = 1, at T = 1, at sizes that all differ and with
+    square projections (Dk = D, where a transposed projection still fits). A
+    query's answer counts as right when its key's score is the largest of its row
+    up to float tolerance, so an argmax of the weights and of the scores both pass.
 
     Raises:
-        CheckError: Saying that the set is not yet right, and how its size compares.
+        CheckError: Naming the likely bug.
     """
     __tracebackhide__ = True  # noqa: F841
-    if answer is None:
-        raise CheckError("expected a set of statement numbers, e.g. {2, 3}, got None: assign the set to `spot_the_error`")
-    if isinstance(answer, (int, str)) or not hasattr(answer, "__iter__"):
-        raise CheckError(f"expected a set of statement numbers, e.g. {{2, 3}}, got {describe(answer)}")
-    items = list(answer)
-    if not items:  # the release's starting value: nothing picked yet
-        raise ExerciseOpen("spot_the_error is still empty: assign it the set of the numbers of the wrong "
-                           "statements, as the exercise shows")
-    numbers = set()
-    for item in items:
-        if isinstance(item, bool) or not isinstance(item, int) or item not in WORKED_EXAMPLE_STATEMENTS:
-            raise CheckError(f"{item!r} is not a statement number: use the integers 1 to "
-                             f"{len(WORKED_EXAMPLE_STATEMENTS)}")
-        numbers.add(item)
-    if not _is_right(numbers):
-        n, wrong = len(numbers), _WRONG_COUNT
-        if n < wrong:
-            size = (f"your set has {n} number{'' if n == 1 else 's'} and {wrong} statements are wrong, so at least "
-                    f"{wrong - n} wrong statement{'' if wrong - n == 1 else 's'} {'is' if wrong - n == 1 else 'are'} "
-                    "still missing from it")
-        elif n > wrong:
-            size = (f"your set has {n} numbers and only {wrong} statements are wrong, so at least {n - wrong} of "
-                    f"your numbers {'is a right statement' if n - wrong == 1 else 'are right statements'}")
-        else:
-            size = (f"your set has the right size, {wrong}, but at least one of its numbers is a right statement "
-                    "and one wrong statement is missing")
-        raise CheckError(f"not yet the set of wrong statements: {size}. The check judges the set as a whole and never "
-                         "says which numbers are off. Test each statement against section 7's worked example again")
-    passed("spot the error")
-    cell = _cell()
-    if cell is None or cell != _EXPLAINED_IN.get("cell"):  # once per notebook cell (the hidden tests check twice)
-        _EXPLAINED_IN["cell"] = cell
-        print("What is right or wrong in each statement, and why:\n" + _explanation(numbers))
+    dims = {"B": B, "T": T, "D": D, "Dk": Dk}
+    cases = shape_cases(dims, ones=("B", "T"), distinct={"B": 3, "T": 5, "D": 6, "Dk": 4})
+    cases.append((f"square projections, Dk = D = {D}", {**dims, "Dk": D},
+                  "W_q and W_k are (D, Dk): with Dk = D a transposed projection (or a missing one) still fits"))
+    with reference_guard(fn, embeddings.top_keys):
+        sweep(lambda B, T, D, Dk: _top_keys_once(fn, seed, B, T, D, Dk), cases)
+    passed("top_keys")
 
 
-_EXPLAINED_IN: dict[str, int | None] = {}
+def _top_keys_once(fn: Callable[..., Any], seed: int, B: int, T: int, D: int, Dk: int) -> None:
+    """One size of the check: several batches of lengths, without and with projections."""
+    __tracebackhide__ = True  # noqa: F841
+    g = torch.Generator().manual_seed(seed)
+    dims = {"B": B, "T": T}
+    tokens = torch.randn(B, T, D, generator=g)
+    garbage = 6.0 * torch.randn(B, T, D, generator=g) + 2.0  # large numbers, for the padding rows
+    W_q, W_k = (torch.randn(D, Dk, generator=g) / D**0.5 for _ in range(2))
+    full = torch.full((B,), T)
+    steps = torch.tensor([T, max(1, T - 2), 1])  # a full sentence, a padded one, one word
+    lengths = steps.repeat(B)[:B]
+    empty = lengths.clone()
+    empty[-1] = 0  # a sentence of length 0: every query is padding
+    batches = [("a batch without padding", full), (f"lengths {lengths.tolist()} (T = {T})", lengths),
+               (f"lengths {empty.tolist()}, one sentence of length 0", empty)]
+    pending = None  # the first failure that names no single known mistake: a later call may name it
+    for what, lens in batches:
+        padding = torch.arange(T)[None, :, None] >= lens[:, None, None]  # (B, T, 1)
+        x = torch.where(padding, garbage, tokens)  # (B, T, D): the padding rows hold large numbers
+        copies = (x.clone(), W_q.clone(), W_k.clone())
+        for projections in ((), (W_q, W_k)):
+            label = f"{what}, {'with W_q and W_k' if projections else 'without projections'}"
+            lens_copy = lens.clone()
+            got = call(fn, x, lens, *projections, name="top_keys",
+                       expected=f"a (B, T) = {(B, T)} tensor of key indices",
+                       error_hint="x is (B, T, D), lengths (B,), W_q and W_k (D, Dk): q = x @ W_q has shape "
+                                  "(B, T, Dk)")
+            if not torch.equal(lens, lens_copy) or not all(torch.equal(a, b) for a, b in zip((x, W_q, W_k), copies)):
+                raise CheckError("top_keys changed an input in place (e.g. masked_fill_ on x, or lengths modified): "
+                                 "use out-of-place operations")
+            try:
+                _judge(got, x, lens, *(projections or (None, None)), label=label, dims=dims)
+            except _Unnamed as failure:
+                pending = pending or failure.args[0]
+    if pending is not None:
+        raise CheckError(pending)
 
 
-def _cell() -> int | None:
-    """The execution count of the notebook cell that runs now, or None outside IPython."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    shell = get_ipython()
-    return None if shell is None else shell.execution_count
+class _Unnamed(Exception):
+    """A wrong answer that matches no known mistake, or more than one, in this call (its message in args[0])."""
+
+
+def _judge(got: Any, x: torch.Tensor, lengths: torch.Tensor, W_q: torch.Tensor | None, W_k: torch.Tensor | None, *,
+           label: str, dims: dict[str, int]) -> None:
+    """Compare one answer with the top keys computed here; name a known mistake when it makes the same answer."""
+    __tracebackhide__ = True  # noqa: F841
+    B, T = dims["B"], dims["T"]
+    if isinstance(got, tuple):
+        raise CheckError(f"{label}: expected one (B, T) tensor of key indices, got a tuple of {len(got)}: return "
+                         "only the indices")
+    hints = {(B, T, T): "one number per query and key: these look like the weights or the scores. Return, for each "
+                        "query, the index of the key with the largest weight"}
+    if B > 1 and T > 1:
+        hints[(B,)] = "one number per sentence: return one key index per query, (B, T)"
+    got = check_tensor(got, name=f"top keys ({label})", shape="B T", dims=dims, hints=hints)
+    if got.dtype == torch.bool:
+        raise CheckError(f"{label}: expected key indices (integers), got a bool tensor: return the index of each "
+                         "query's top key, not whether it is the query itself")
+    if got.is_floating_point() or got.is_complex():
+        raise CheckError(f"{label}: expected key indices (integers), got dtype {got.dtype}: return the position of "
+                         "the largest weight along the keys, not the weight itself")
+    got = got.long()
+    expected = _top(x, lengths, W_q, W_k)
+    real = torch.arange(T) < lengths[:, None]  # (B, T)
+    x64 = x.double()
+    q = x64 if W_q is None else x64 @ W_q.double()
+    k = x64 if W_k is None else x64 @ W_k.double()
+    scores = q @ k.transpose(-2, -1)  # (B, T, T)
+    valid = (got >= 0) & (got < lengths[:, None])  # (B, T): the answer is a real key
+    chosen = scores.gather(-1, got.clamp(0, T - 1)[..., None])[..., 0]  # (B, T)
+    best = scores.gather(-1, expected.clamp(0, T - 1)[..., None])[..., 0]  # (B, T)
+    right = torch.where(real, valid & (chosen >= best - 1e-4 * (1 + best.abs())), got == -1)  # (B, T)
+    if bool(right.all()):
+        return
+    named = [message for message, answer in _top_keys_suspects(x, lengths, W_q, W_k).items()
+             if torch.equal(got, answer) and not torch.equal(answer, expected)]
+    if len(named) == 1:
+        raise CheckError(f"{label}: {named[0]}")
+    if named:  # two mistakes give this same answer here: another call tells them apart
+        raise _Unnamed(f"{label}: {named[0]}")
+    b, i = (int(n) for n in (~right).nonzero()[0])
+    where = f"sentence {b} (length {int(lengths[b])}), query {i}"
+    if not real[b, i]:
+        raise _Unnamed(f"{label}: {where} is padding, and your answer there is {int(got[b, i])}: a padded query "
+                       "gets -1")
+    if not valid[b, i]:
+        raise _Unnamed(f"{label}: {where} got key {int(got[b, i])}, which is not a real key of that sentence: the "
+                       f"real keys are 0 to {int(lengths[b]) - 1}, and the padding rows must not win")
+    raise _Unnamed(f"{label}: {where} got key {int(got[b, i])}, which is not the key of largest weight. "
+                     f"{int((~right).sum())} of the {int(real.sum())} real queries are off. Compute the weights of "
+                     "self-attention with a padding mask (q = x W_q and k = x W_k when the projections are given) "
+                     "and take the position of the largest along the keys")

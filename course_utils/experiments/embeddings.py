@@ -17,6 +17,8 @@ from gensim.models import KeyedVectors, Word2Vec
 from gensim.test.utils import datapath
 from gensim.utils import simple_preprocess
 
+from course_utils.blocks import masks
+from course_utils.blocks.attention import scaled_dot_product_attention
 from course_utils.core.errors import InputError
 from course_utils.experiments.loop import record_training
 
@@ -93,3 +95,27 @@ def sentence_matrix(vectors: KeyedVectors, sentence: str | Sequence[str]) -> tor
         raise InputError(f"not in the vocabulary of {len(vectors)} words: {missing}. Words are lower case; rare "
                          "words (fewer than min_count occurrences) were dropped: pick words from the corpus")
     return torch.from_numpy(vectors[words].copy())  # (T, D)
+
+
+def top_keys(x: torch.Tensor, lengths: torch.Tensor, W_q: torch.Tensor | None = None,
+             W_k: torch.Tensor | None = None) -> torch.Tensor:
+    """The key each query of a padded batch weighs most in self-attention (notebook 03, exercise 2).
+
+    Args:
+        x: (B, T, D) float tensor: sentence b's tokens at positions 0 .. lengths[b] - 1, padding after them.
+        lengths: (B,) int64 tensor, the number of real tokens of each sentence (0 to T).
+        W_q: (D, Dk) float query projection, or None (then W_k is None too) for q = k = x.
+        W_k: (D, Dk) float key projection, or None.
+
+    Returns:
+        (B, T) int64 tensor: for each real query, the index of the real key with the largest
+        weight; -1 for a padded query.
+    """
+    B, T, D = x.shape
+    q = x if W_q is None else x @ W_q  # (B, T, D) @ (D, Dk) -> (B, T, Dk)
+    k = x if W_k is None else x @ W_k  # (B, T, D) @ (D, Dk) -> (B, T, Dk)
+    mask = masks.padding_mask(lengths, T)  # (B, 1, T): True at the real keys
+    _, weights = scaled_dot_product_attention(q, k, x, mask)  # (B, T, T)
+    top = weights.argmax(dim=-1)  # (B, T, T) -> (B, T): the key of largest weight
+    real = torch.arange(T) < lengths[:, None]  # (T,) < (B, 1) -> (B, T): True at the real queries
+    return top.masked_fill(~real, -1)
