@@ -45,9 +45,9 @@ from course_utils.checks.bahdanau import (
     check_attend,
     check_attention_step,
     check_bilinear_scores,
-    check_luong_step,
 )
 from course_utils.checks.beam import check_beam_search
+from course_utils.checks.luong import check_luong_step
 from course_utils.checks.bottleneck import (
     check_final_states,
     check_sequence_exact_match,
