@@ -31,6 +31,8 @@ from conftest import NOTEBOOKS, ROOT
 from course_utils.tooling import grade_report, grading, sandbox
 
 STEM = NOTEBOOKS[0].stem  # 00_orientation: the quickest to grade
+SINGLE = dict(zip(("cy", "dee", "fay", "gus"), BUGGY[STEM]))  # student -> the one exercise they got wrong
+STUDENTS = ["ada", "ben", *SINGLE, "eve"]  # eve got every exercise wrong
 
 
 def _with_answer(nb, grade_id: str, source: str):
@@ -40,11 +42,15 @@ def _with_answer(nb, grade_id: str, source: str):
 
 
 def _class(folder: Path, released: Path) -> Path:
-    """Five students of notebook 00: full marks, the untouched release, and three with one buggy answer each."""
+    """Students of notebook 00: full marks, the untouched release, one buggy answer each, and every answer buggy."""
+    assert len(SINGLE) == len(BUGGY[STEM]), "name more students for the buggy answers of notebook 00"
     instructor = nbformat.read(NOTEBOOKS[0], as_version=4)
     students = {"ada": instructor, "ben": nbformat.read(released, as_version=4)}
-    for name, (grade_id, source) in zip(("cy", "dee", "eve"), BUGGY[STEM].items()):
-        students[name] = _with_answer(instructor, grade_id, source)
+    for name, grade_id in SINGLE.items():
+        students[name] = _with_answer(instructor, grade_id, BUGGY[STEM][grade_id])
+    students["eve"] = instructor
+    for grade_id, source in BUGGY[STEM].items():
+        students["eve"] = _with_answer(students["eve"], grade_id, source)
     for name, nb in students.items():
         (folder / name).mkdir(parents=True)
         nbformat.write(nb, folder / name / f"{STEM}.ipynb")
@@ -79,10 +85,11 @@ def test_one_job_grades_the_class_and_says_how_far_it_is(one_job):
     by = {r.student: r for r in one_job["results"]}
     points = {ex.grade_id: ex.points for ex in grading.exercises(NOTEBOOKS[0])}
     assert by["ada"].scores == points and by["ben"].scores == {g: 0.0 for g in points}
-    for student, grade_id in zip(("cy", "dee", "eve"), BUGGY[STEM]):
+    for student, grade_id in SINGLE.items():
         assert by[student].scores == dict(points, **{f"{grade_id}_tests": 0.0})
-    lines = one_job["lines"]
-    assert len(lines) == 5 and all(line.startswith(f"graded {i}/5: ") for i, line in enumerate(lines, start=1))
+    assert by["eve"].scores == dict(points, **{f"{grade_id}_tests": 0.0 for grade_id in BUGGY[STEM]})
+    lines, n = one_job["lines"], len(STUDENTS)
+    assert len(lines) == n and all(line.startswith(f"graded {i}/{n}: ") for i, line in enumerate(lines, start=1))
     assert all("so far, about" in line and "left" in line for line in lines[:-1]) and "left" not in lines[-1]
 
 
@@ -92,7 +99,7 @@ def test_two_jobs_give_what_one_job_gives(submissions, one_job, tmp_path):
     results = grading.autograde(submissions, course=out, jobs=2, progress=lines.append)
     assert grading.format_table(results) == grading.format_table(one_job["results"])
     assert _outputs(out) == _outputs(one_job["out"])
-    assert sorted(line.split(": ")[1].split(" ")[0] for line in lines) == ["ada", "ben", "cy", "dee", "eve"]
+    assert sorted(line.split(": ")[1].split(" ")[0] for line in lines) == sorted(STUDENTS)
 
 
 def test_three_shards_merged_give_what_one_run_gives(submissions, one_job, tmp_path):
@@ -101,7 +108,7 @@ def test_three_shards_merged_give_what_one_run_gives(submissions, one_job, tmp_p
         shard = grading.Shard(f"{index}/3")
         shards.append(tmp_path / f"shard-{index}")
         graded = grading.autograde(submissions, course=shards[-1], jobs=1, shard=shard, progress=lambda line: None)
-        assert sorted({r.student for r in graded}) == shard.pick(["ada", "ben", "cy", "dee", "eve"])
+        assert sorted({r.student for r in graded}) == shard.pick(sorted(STUDENTS))
         assert not (shards[-1] / "grades.csv").exists(), "a shard leaves the report to the merge"
     merged = grading.merge(list(reversed(shards)), tmp_path / "merged", NOTEBOOKS[0].parent)
     assert grading.format_table(merged) == grading.format_table(one_job["results"])
