@@ -184,31 +184,38 @@ def _compare_attention(got: Any, inputs: tuple[torch.Tensor, ...], B: int, S: in
     check_close(weights, want_weights, name=f"weights{where}", shape="B S", dims={"B": B, "S": S},
                 suspects=weight_suspects, hints=weight_hints,
                 hint="work out one sequence's weights by hand: its scores, then a softmax over its real positions only")
-    over_features = ("each weight was multiplied into its value and the product summed over the Dk features of each "
-                     "value: that gives one number per source position. The context is a sum over the source "
-                     "positions (the S axis), one vector of Dk features per sequence")
-    context_suspects = {
-        "the context sums the values without the weights": values.sum(1),
-        "the context averages the values uniformly instead of weighting them by the attention weights": values.mean(1),
-        "the context was weighted by the softmax over every position, padding included, not by the weights "
-        "returned": (torch.softmax(scores, dim=-1)[:, None, :] @ values)[:, 0],
-    }
-    if S == Dk:  # then the sum over the features has the context's shape
-        context_suspects[over_features] = (want_weights[:, :, None] * values).sum(-1)
-    context_hints = {  # a later key wins where two shapes coincide (B = S, or B = 1)
-        (B, B, Dk): "every sequence's weights met every sequence's values: a matrix product of the (B, S) weights "
-                    "with the (B, S, Dk) values gives the weights of all B sequences for each sequence's values. "
-                    "Sequence b's weights must meet only sequence b's values",
-        (B, S): over_features,
-        (B, A): "the context averages the projected keys W_k h_j + b instead of the encoder states h_j, which are "
-                "the values",
-        (B, S, Dk): "the weighted values were not yet summed over the source positions (the S axis)",
-        (B, 1, Dk): "one size-1 axis too many in the middle",
-    }
+    context_suspects, context_hints = _context_suspects_and_hints(values, want_weights, B, S, Dk)
+    context_suspects["the context was weighted by the softmax over every position, padding included, not by the "
+                     "weights returned"] = (torch.softmax(scores, dim=-1)[:, None, :] @ values)[:, 0]
+    context_hints[(B, A)] = ("the context averages the projected keys W_k h_j + b instead of the encoder states h_j, "
+                             "which are the values")
     check_close(context, want_context, name=f"context{where}", shape="B Dk", dims={"B": B, "Dk": Dk},
                 suspects=context_suspects, hints=context_hints,
                 hint="c = sum over j of w_j h_j: each sequence's values weighted by that sequence's weights, summed "
                      "over the source positions")
+
+
+def _context_suspects_and_hints(values: torch.Tensor, weights: torch.Tensor, B: int, S: int,
+                                Dk: int) -> tuple[dict[str, torch.Tensor], dict[tuple[int, ...], str]]:
+    """The wrong contexts a learner writes from (B, S) weights and (B, S, Dk) values, and the shapes they come in."""
+    over_features = ("each weight was multiplied into its value and the product summed over the Dk features of each "
+                     "value: that gives one number per source position. The context is a sum over the source "
+                     "positions (the S axis), one vector of Dk features per sequence")
+    suspects = {
+        "the context sums the values without the weights": values.sum(1),
+        "the context averages the values uniformly instead of weighting them by the attention weights": values.mean(1),
+    }
+    if S == Dk:  # then the sum over the features has the context's shape
+        suspects[over_features] = (weights[:, :, None] * values).sum(-1)
+    hints = {  # a later key wins where two shapes coincide (B = S, or B = 1)
+        (B, B, Dk): "every sequence's weights met every sequence's values: a matrix product of the (B, S) weights "
+                    "with the (B, S, Dk) values gives the weights of all B sequences for each sequence's values. "
+                    "Sequence b's weights must meet only sequence b's values",
+        (B, S): over_features,
+        (B, S, Dk): "the weighted values were not yet summed over the source positions (the S axis)",
+        (B, 1, Dk): "one size-1 axis too many in the middle",
+    }
+    return suspects, hints
 
 
 def _run_scorer(fn: Callable[..., Any], reference: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...],
@@ -276,23 +283,7 @@ def _attend_once(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], 
     }
     check_close(weights, expected_weights, name="weights", shape="B S", dims={"B": B, "S": S},
                 suspects=weight_suspects, hint="each row should be a softmax over its real (mask True) source positions")
-    over_features = ("each weight was multiplied into its value and the product summed over the Dk features of each "
-                     "value: that gives one number per source position. The context is a sum over the source "
-                     "positions (the S axis), one vector of Dk features per sequence")
-    context_suspects = {
-        "the context sums the values without the weights": values.sum(1),
-        "the context averages the values uniformly instead of weighting them by the attention weights": values.mean(1),
-    }
-    if S == Dk:  # then the sum over the features has the context's shape
-        context_suspects[over_features] = (expected_weights[:, :, None] * values).sum(-1)
-    hints = {  # a later key wins where two shapes coincide (B = S, or B = 1)
-        (B, B, Dk): "every sequence's weights met every sequence's values: a matrix product of the (B, S) weights "
-                    "with the (B, S, Dk) values gives the weights of all B sequences for each sequence's values. "
-                    "Sequence b's weights must meet only sequence b's values",
-        (B, S): over_features,
-        (B, S, Dk): "the weighted values were not yet summed over the source positions (the S axis)",
-        (B, 1, Dk): "one size-1 axis too many in the middle",
-    }
+    context_suspects, hints = _context_suspects_and_hints(values, expected_weights, B, S, Dk)
     check_close(context, expected_context, name="context", shape="B Dk", dims={"B": B, "Dk": Dk},
                 suspects=context_suspects, hints=hints,
                 hint="the context of a sequence is its values weighted by that sequence's attention weights, summed")
