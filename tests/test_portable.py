@@ -6,6 +6,7 @@ import ast
 import json
 import re
 
+import nbformat
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
@@ -16,7 +17,9 @@ from course_utils.experiments.loop import BENCH_LOG_ENV, record_training, timing
 from course_utils.core.reproducibility import UNPINNED_NOTE, error_bound, setup
 from course_utils.tooling import pytest_plugin
 from course_utils.tooling.pytest_plugin import pytest_configure
-from tests.conftest import NOTEBOOKS
+from course_utils.tooling.execute import (IGNORE_OUTPUT, STAMP_COMMAND, STAMP_FIELD, STAMP_KEY, source_sha256,
+                                          stamp_ignored_outputs)
+from tests.conftest import LAB, NOTEBOOKS, ROOT
 
 
 def test_this_test_run_is_pinned():
@@ -513,6 +516,60 @@ def test_the_coverage_rule_catches_an_unasserted_cell():
     assert _defined(timed) & _checked_names(_parse(gathered + "timing_claim(statement, holds)"))
     assert not _defined(timed) & _checked_names(_parse(gathered + "print(statement, holds)"))
     assert not _defined(ignored) & _checked_names(_parse("y = x\nprint(y)"))
+
+
+# --- An ignored output comes from the source above it -----------------------------------------------------------
+#
+# nbval does not compare the output of a cell tagged nbval-ignore-output, so an edit to such a cell that was never
+# re-run (a legend changed from "seed 0" to "seeds 0-2") leaves a committed output that its source no longer makes.
+# `make execute` stamps each such cell with the SHA-256 of the source it ran (course_utils.tooling.execute,
+# stamp_ignored_outputs); the test below fails when the stamp is missing or differs from the source.
+
+
+def _stale_ignored_outputs(nb: nbformat.NotebookNode) -> list[str]:
+    """One line per code cell tagged nbval-ignore-output whose stamp is missing or belongs to another source."""
+    stale = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or IGNORE_OUTPUT not in cell.metadata.get("tags", []):
+            continue
+        stamp = cell.metadata.get(STAMP_KEY, {}).get(STAMP_FIELD)
+        first = next((line for line in cell.source.splitlines() if line.strip()), "")[:80]
+        if stamp is None:
+            stale.append(f"cell {i} ({first!r}) has no {STAMP_KEY}.{STAMP_FIELD}: it was not executed since the stamp "
+                         "was introduced")
+        elif stamp != source_sha256(cell.source):
+            stale.append(f"cell {i} ({first!r}) was edited after its output was made: the output nbval ignores is "
+                         "stale")
+    return stale
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + LAB, ids=lambda p: p.name)
+def test_every_ignored_output_was_made_by_the_source_above_it(path):
+    stale = _stale_ignored_outputs(nbformat.read(path, as_version=4))
+    command = STAMP_COMMAND.format(path=path.relative_to(ROOT).as_posix())
+    assert not stale, (f"{path.name}: cells whose output nbval ignores (cells counted from 0):\n  " + "\n  ".join(stale)
+                       + f"\nRe-execute the notebook, which re-runs these cells and stamps them: {command}")
+
+
+def test_the_stamp_catches_an_ignored_output_whose_source_changed():
+    new_cell = nbformat.v4.new_code_cell
+    nb = nbformat.v4.new_notebook(cells=[new_cell("x = 1\nprint(x)", metadata={"tags": [IGNORE_OUTPUT]}),
+                                         new_cell("assert x == 1"), new_cell("y = 2", metadata={STAMP_KEY: {STAMP_FIELD: "0"}})])
+    assert "has no course.source_sha256" in _stale_ignored_outputs(nb)[0]  # never executed with the stamp
+    stamp_ignored_outputs(nb)
+    assert _stale_ignored_outputs(nb) == [] and STAMP_KEY not in nb.cells[2].metadata  # an untagged cell loses it
+    nbformat.validate(nb)  # the notebook format accepts the stamp
+    nb.cells[0].source = "x = 2\nprint(x)"
+    assert _stale_ignored_outputs(nb) == ["cell 0 ('x = 2') was edited after its output was made: the output nbval "
+                                          "ignores is stale"]
+    # the edit of issue 36: notebook 07's legend changed without re-running the cell
+    nb = nbformat.read(ROOT / "notebooks" / "07_transformer_block.ipynb", as_version=4)
+    stamp_ignored_outputs(nb)
+    (cell,) = [c for c in nb.cells if "axhline" in c.source and IGNORE_OUTPUT in c.metadata.get("tags", [])]
+    assert _stale_ignored_outputs(nb) == []
+    cell.source = cell.source.replace("(seed 0)", "(seeds 0-2)")
+    (found,) = _stale_ignored_outputs(nb)
+    assert found.startswith(f"cell {nb.cells.index(cell)} (") and "stale" in found
 
 
 def test_a_notebook_collected_alone_gets_the_pinned_kernel_settings(root):

@@ -203,10 +203,28 @@ def build_course(notebooks: list[Path], course: Path, timeout: int = DEFAULT_TIM
         if not result["success"]:
             raise RuntimeError(f"nbgrader could not generate the release of {nb.name}:\n{result.get('error', '')}")
         _open_answers_run(course / "release" / nb.stem / nb.name)
+        _drop_execution_stamps(course / "release" / nb.stem / nb.name)
     return api
 
 
 STUB = "raise NotImplementedError()"
+
+
+STAMP_KEY = "course"  # the cell metadata key of those stamps (course_utils.tooling.execute writes it)
+
+
+def _drop_execution_stamps(path: Path) -> None:
+    """Remove the stamps ``make execute`` leaves on cells whose output nbval ignores (``execute.stamp_ignored_outputs``).
+
+    They say which source made the instructor's committed output; the release has no outputs, so they mean nothing
+    in a learner's copy.
+    """
+    nb = nbformat.read(path, as_version=4)
+    stamped = [cell for cell in nb.cells if STAMP_KEY in cell.metadata]
+    for cell in stamped:
+        cell.metadata.pop(STAMP_KEY)
+    if stamped:
+        nbformat.write(nb, path)
 
 
 def _open_answers_run(path: Path) -> None:

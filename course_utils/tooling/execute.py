@@ -14,11 +14,17 @@ the tests use (``PYTHONHASHSEED=0``, ``IPYKERNEL_CELL_NAME``, no
 threads and figure style, and the kernel runs with the pinned CPU code paths
 of ``course_utils.core.portable``. Timing against the budgets, and the README's
 syllabus table, are ``make bench``'s job (``course_utils.tooling.bench``).
+
+Every code cell tagged ``nbval-ignore-output`` gets, in its metadata, the hash
+of the source its output came from (``stamp_ignored_outputs``): nbval does not
+compare that output, and tests/test_portable.py uses the stamp to catch a
+source edited after the last execution.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import sys
@@ -29,7 +35,7 @@ import nbformat
 from nbclient import NotebookClient
 
 from course_utils.core.portable import pin_environment
-from course_utils.tooling.autograder import LAB, course_notebooks, lab_notebooks
+from course_utils.tooling.autograder import LAB, STAMP_KEY, course_notebooks, lab_notebooks
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -39,6 +45,9 @@ NOTEBOOK_BUDGET = 60.0  # seconds per notebook, kernel start included (``make be
 LAB_BUDGET = 120.0  # seconds per lab book notebook (``make bench``; not in the series' budget)
 KERNEL_ENV = {"PYTHONHASHSEED": "0", "IPYKERNEL_CELL_NAME": "<IPY-INPUT>"}
 MINUTES_COLUMN = "CPU minutes"  # the README syllabus table's column that ``make bench`` writes
+IGNORE_OUTPUT = "nbval-ignore-output"  # the tag of a cell whose output nbval does not compare
+STAMP_FIELD = "source_sha256"  # cell.metadata[STAMP_KEY]["source_sha256"], STAMP_KEY = "course"
+STAMP_COMMAND = ".venv/bin/python -m course_utils.tooling.execute {path}"  # (make execute NB={path}): re-run and stamp
 
 
 def notebook_paths(paths: list[str | Path]) -> list[Path]:
@@ -62,6 +71,35 @@ def is_lab(path: Path) -> bool:
 def display_name(path: Path) -> str:
     """How the commands name a notebook: ``03_self_attention.ipynb``, ``lab/03_long_keys.ipynb``."""
     return f"{LAB}/{Path(path).name}" if is_lab(path) else Path(path).name
+
+
+def source_sha256(source: str) -> str:
+    """The SHA-256 of a cell's source (UTF-8), as hex: the stamp an executed output carries."""
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+
+def stamp_ignored_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Stamp every code cell tagged ``nbval-ignore-output`` with the hash of the source that made its output.
+
+    nbval does not compare such a cell's output, so a source edited after the
+    notebook was executed (a changed label, a changed seed) would leave an
+    output that no longer belongs to it, and nothing would notice. The stamp,
+    ``cell.metadata["course"]["source_sha256"]``, records which source the
+    committed output came from; tests/test_portable.py fails when it is
+    missing or differs from the source. Only executing the notebook writes it;
+    a cell not tagged loses a stamp it may carry. In place; returns ``nb``.
+    """
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        course = cell.metadata.get(STAMP_KEY, {})
+        if IGNORE_OUTPUT in cell.metadata.get("tags", []):
+            cell.metadata[STAMP_KEY] = {**course, STAMP_FIELD: source_sha256(cell.source)}
+        elif STAMP_FIELD in course:
+            course.pop(STAMP_FIELD)
+            if not course:
+                cell.metadata.pop(STAMP_KEY)
+    return nb
 
 
 def kernel_environment() -> None:
@@ -103,6 +141,7 @@ def execute_notebook(path: Path, timeout: int = 600, write: bool = True) -> floa
     client.execute()
     seconds = time.perf_counter() - start
     nb.metadata.pop("widgets", None)
+    stamp_ignored_outputs(nb)  # the source each ignored output came from
     if write:
         nbformat.write(nb, path)
     return seconds
