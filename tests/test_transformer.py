@@ -290,6 +290,39 @@ def test_teacher_forced_loss_scores_tgt_out_from_tgt_in():
         torch.testing.assert_close(teacher_forced_loss(model, batch), expected)
 
 
+def test_train_minimises_the_loss_it_is_given():
+    """Notebook 07 passes its teacher_forced_loss to training.train: an edit of that loss changes the training."""
+    import dataclasses
+
+    from course_utils.blocks.seq2seq import sequence_loss
+    from course_utils.experiments import training
+    from course_utils.experiments.data import make_batch, make_reversal_pairs, reversal_vocab
+
+    vocab = reversal_vocab(6)
+    data = make_batch(make_reversal_pairs(16, 3, 5, 6, seed=0), vocab, vocab)
+    config = dataclasses.replace(Seq2SeqConfig(), steps=4, batch_size=4, d_model=16, num_heads=2, d_ff=32)
+    calls = []
+
+    def counted(model, batch):
+        calls.append(len(batch.src))
+        return training.teacher_forced_loss(model, batch)
+
+    def smoothed(model, batch):  # label smoothing: another loss, another training
+        logits = model(batch.src, batch.src_lengths, batch.tgt_in)
+        return nn.functional.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=0,
+                                           label_smoothing=0.1)
+
+    runs = []
+    for loss in (None, counted, smoothed):
+        torch.manual_seed(0)
+        model = transformer.TransformerSeq2Seq(len(vocab), len(vocab), d_model=16, num_heads=2, d_ff=32)
+        runs.append(training.train(model, data, config, loss=loss))
+    assert runs[0].losses == runs[1].losses and calls == [4] * 4, "teacher_forced_loss is train_step's loss"
+    assert runs[2].losses != runs[0].losses
+    with pytest.raises(ValueError, match="not both"):
+        training.train(model, data, config, step=training.train_step, loss=sequence_loss)
+
+
 def test_train_reversal_stack_is_deterministic_and_reports_every_step():
     import dataclasses
 

@@ -1,6 +1,7 @@
 """The seq2seq experiment of notebooks 01, 02 and 07.
 
-Training (:func:`train_step`, the step notebook 01 shows, run by :func:`train`), exact-match
+Training (:func:`train_step`, the step notebook 01 shows, run by :func:`train`, or a step with a loss
+of the notebook's own, :func:`loss_step`), exact-match
 evaluation, and the one-call length experiment.
 
 Typical use in a notebook::
@@ -114,8 +115,35 @@ def train_step(model: torch.nn.Module, batch: Batch, optimizer: torch.optim.Opti
     return loss.item()
 
 
+def loss_step(loss: Callable[[torch.nn.Module, Batch], torch.Tensor]) -> Callable[..., float]:
+    """:func:`train_step` with another loss: the step minimises ``loss(model, batch)`` (notebook 07).
+
+    Args:
+        loss: A function ``(model, batch) -> scalar tensor``, such as :func:`teacher_forced_loss`.
+
+    Returns:
+        A step with :func:`train_step`'s arguments (``model, batch, optimizer, lr, grad_clip``) that sets the
+        learning rate, computes ``loss``, goes backward, clips and updates, and returns the loss as a float.
+    """
+
+    def step(model: torch.nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, lr: float,
+             grad_clip: float) -> float:
+        for group in optimizer.param_groups:
+            group["lr"] = lr  # this step's learning rate: warm-up, then decay
+        value = loss(model, batch)  # a scalar tensor
+        optimizer.zero_grad(set_to_none=True)  # forget the previous step's gradients
+        value.backward()
+        if grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)  # shrink a gradient longer than grad_clip
+        optimizer.step()
+        return value.item()
+
+    return step
+
+
 def train(model: Seq2Seq, data: Batch, config: Seq2SeqConfig, progress: bool = False,
-          step: Callable[..., float] | None = None) -> TrainResult:
+          step: Callable[..., float] | None = None,
+          loss: Callable[[torch.nn.Module, Batch], torch.Tensor] | None = None) -> TrainResult:
     """Train with Adam, teacher forcing and gradient clipping: :func:`train_step` ``config.steps`` times.
 
     Batches are drawn from ``data`` without replacement (reshuffled each
@@ -132,11 +160,19 @@ def train(model: Seq2Seq, data: Batch, config: Seq2SeqConfig, progress: bool = F
             ``config.log_every`` steps (deterministic text: no times or rates).
         step: The step to run, with :func:`train_step`'s arguments (default
             :func:`train_step`; notebook 01 passes the copy it shows).
+        loss: The loss every step minimises, a function ``(model, batch) -> scalar tensor`` (notebook 07 passes
+            its ``teacher_forced_loss``): the step is then :func:`loss_step` of it. Default: :func:`train_step`'s
+            own cross-entropy.
 
     Returns:
         A :class:`TrainResult`.
+
+    Raises:
+        ValueError: If both ``step`` and ``loss`` are given.
     """
-    step = train_step if step is None else step
+    if step is not None and loss is not None:
+        raise ValueError("give train either a step or a loss, not both: a step computes its own loss")
+    step = loss_step(loss) if loss is not None else train_step if step is None else step
     generator = torch.Generator().manual_seed(config.seed)
     batches = _epoch_batches(len(data), config.batch_size, generator)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
