@@ -13,7 +13,8 @@
 #   make grade     autograde SUBMISSIONS=folder (one sub-folder per student); MARKS=file adds hand marks;
 #                  JOBS=n students at once (default: one per core); SHARD=i/N one share of the class, OUT=folder
 #   make grade-merge  merge the folders of a class's shards (SHARDS="f0 f1 ..."; default build/grading-shard-*)
-#   make bench-grading  seconds to grade one student's ten notebooks, per notebook, and JOBS=2 against JOBS=1
+#   make bench-grading  seconds to grade one student's notebooks, per notebook, and JOBS=2 against JOBS=1
+#                  (ONE=1: one student only, a few minutes)
 #   make site      the executed notebooks as a static web site in build/site (Sphinx + MyST-NB; offline)
 #   make slides    turn the notebooks into reveal.js decks in build/slides
 #   make browser-test  notebook 00 in JupyterLab, the site and the slides in headless Chromium (needs apt's chromium)
@@ -105,7 +106,7 @@ grade-merge: setup
 		$(if $(OUT),--out "$(OUT)",)
 
 bench-grading: setup
-	$(BIN)/python -m course_utils.tooling.bench_grading
+	$(BIN)/python -m course_utils.tooling.bench_grading $(if $(ONE),--one,)
 
 site: setup
 	$(BIN)/python -m course_utils.tooling.site --out build/site

@@ -12,15 +12,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import torch
-from gensim.models import KeyedVectors, Word2Vec
-from gensim.test.utils import datapath
-from gensim.utils import simple_preprocess
 
 from course_utils.blocks import masks
 from course_utils.blocks.attention import scaled_dot_product_attention
 from course_utils.core.errors import InputError
 from course_utils.experiments.loop import record_training
+
+# gensim is imported where it is used: it takes a second or more to import (it loads scipy.stats), and the
+# checkers, which every notebook and every graded kernel imports, import this module.
+if TYPE_CHECKING:
+    from gensim.models import KeyedVectors
 
 # About 58,000 words of Australian news (ABC, 2001), 300 documents, one per line.
 LEE_CORPUS = "lee_background.cor"
@@ -49,6 +53,9 @@ def load_corpus(name: str = LEE_CORPUS) -> list[list[str]]:
     Raises:
         InputError: If gensim does not ship a file of that name.
     """
+    from gensim.test.utils import datapath
+    from gensim.utils import simple_preprocess
+
     path = Path(datapath(name))
     if not path.is_file():
         shipped = sorted(p.name for p in path.parent.glob("*.cor"))
@@ -67,6 +74,8 @@ def train_word2vec(sentences: Sequence[Sequence[str]], config: Word2VecConfig = 
     Returns:
         The trained ``KeyedVectors`` (vectors of shape (V, D), float32).
     """
+    from gensim.models import Word2Vec
+
     start = time.perf_counter()
     model = Word2Vec(sentences, vector_size=config.vector_size, window=config.window, min_count=config.min_count,
                      epochs=config.epochs, seed=config.seed, workers=1)

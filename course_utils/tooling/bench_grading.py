@@ -124,6 +124,20 @@ def measure(students: int = 4) -> dict:
             "busy": {"one": one_busy, "serial": serial_busy, "parallel": parallel_busy}, "peaks": peaks}
 
 
+def _one_student() -> int:
+    """``--one``: grade one student's notebooks alone; print the seconds, fail over :data:`NOTEBOOK_BUDGET` each."""
+    notebooks = course_notebooks(NOTEBOOKS)
+    with tempfile.TemporaryDirectory(prefix="bench-one-", dir=ROOT / "build") as tmp:
+        base = Path(tmp)
+        seconds, results, busy = _timed(_class(base / "one", 1, notebooks), base / "out", 1)
+    for r in sorted(results, key=lambda r: r.notebook):
+        print(f"{r.notebook:>28} {r.seconds:6.1f} s")
+    budget = NOTEBOOK_BUDGET * len(results)
+    print(f"one student's {len(results)} notebooks: {seconds:.0f} s ({busy:.2f} cores busy on average on the machine); "
+          f"budget {budget:.0f} s")
+    return 0 if seconds <= budget else 1
+
+
 def measure_peaks(notebooks: list[Path]) -> dict[str, dict]:
     """Grade one student's copy of ``notebooks`` (every answer right); the peaks of each notebook's budget."""
     with tempfile.TemporaryDirectory(prefix="bench-peaks-", dir=ROOT / "build") as tmp:
@@ -207,8 +221,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="only measure the peaks (memory, processes, bytes written) of grading these notebooks "
                              "(default: all), as the budgets in limits.Limits were chosen")
     parser.add_argument("--no-guide", action="store_true", help="print the table, leave the instructor guide as it is")
+    parser.add_argument("--one", action="store_true",
+                        help="only grade one student (JOBS=1): the seconds per notebook, against the budget")
     args = parser.parse_args(argv)
     (ROOT / "build").mkdir(exist_ok=True)
+    if args.one:
+        return _one_student()
     if args.peaks is not None:
         chosen = [nb for nb in course_notebooks(NOTEBOOKS) if not args.peaks or any(nb.stem.startswith(s)
                                                                                     for s in args.peaks)]

@@ -41,7 +41,6 @@ cells that run after it. Autograding flags such code for a human (see
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -60,6 +59,7 @@ from course_utils.tooling.budget import Budget, BudgetExceeded, active_budget, s
 from course_utils.tooling.limits import WORK, Limits, MiB
 
 ROOT = Path(__file__).resolve().parents[2]
+RUNNER = Path(__file__).with_name("notebook_runner.py")  # what runs inside: a script that imports no course_utils
 
 
 class SandboxUnavailable(RuntimeError):
@@ -317,8 +317,7 @@ def execute(nb: nbformat.NotebookNode, hide: list[Path], cell_timeout: int, limi
     if budget.breach:
         return None, budget.breach
     read_end, write_end = os.pipe()
-    argv = [sys.executable, "-m", "course_utils.tooling.sandbox", "--timeout", str(cell_timeout),
-            "--result-fd", str(write_end)]
+    argv = [sys.executable, "-P", str(RUNNER), "--timeout", str(cell_timeout), "--result-fd", str(write_end)]
     try:
         process = budget.popen(sandbox_command(argv, hide, limits), pass_fds=(write_end,), stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -371,38 +370,3 @@ def _kill(process: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     process.wait()
-
-
-def read_stdin() -> bytes:
-    """Inside the sandbox: all of standard input (what the grader handed in), then standard input closed."""
-    data = sys.stdin.buffer.read()
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    return data
-
-
-def _run_inside(timeout: int, result_fd: int) -> int:
-    """Inside the sandbox: execute the notebook read from stdin with nbgrader's Execute; write it to ``result_fd``."""
-    os.set_inheritable(result_fd, False)  # the kernel must not inherit the result pipe
-    out = os.fdopen(result_fd, "w", encoding="utf-8")
-    nb = nbformat.reads(read_stdin().decode("utf-8"), as_version=4)  # nothing of it is on disk for the kernel
-    from nbgrader.preprocessors import Execute
-
-    executor = Execute(timeout=timeout, interrupt_on_timeout=True, allow_errors=True)
-    nb, _ = executor.preprocess(nb, {"metadata": {"path": str(WORK)}})
-    out.write(nbformat.writes(nb))
-    out.close()
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="(inside the sandbox) execute the notebook on stdin for autograding")
-    parser.add_argument("--timeout", type=int, required=True)
-    parser.add_argument("--result-fd", type=int, required=True)
-    args = parser.parse_args(argv)
-    return _run_inside(args.timeout, args.result_fd)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -220,7 +220,7 @@ def _where(exc: BaseException) -> str:
 def serve(in_fd: int, out_fd: int) -> int:
     """Inside the sandbox: run the notebook's context (its plan on stdin), keep what each test cell would see, serve."""
     global _SERVER
-    from course_utils.tooling.sandbox import read_stdin
+    from course_utils.tooling.notebook_runner import read_stdin
 
     os.set_inheritable(in_fd, False)
     os.set_inheritable(out_fd, False)
