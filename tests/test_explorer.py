@@ -49,14 +49,14 @@ def _titles(explorer) -> str:
 
 
 @pytest.mark.parametrize("T, S, D, H", [(5, 7, 8, 2), (4, 4, 12, 3), (3, 6, 16, 1), (6, 6, 32, 4)])
-@pytest.mark.parametrize("temperature, scaled", [(1.0, True), (0.3, True), (2.5, False)])
-def test_weights_match_the_course_attention_and_torch_softmax(T, S, D, H, temperature, scaled):
+@pytest.mark.parametrize("temperature", [None, 0.3, 2.5])
+def test_weights_match_the_course_attention_and_torch_softmax(T, S, D, H, temperature):
     q, k = _qk(T, S, D, seed=T * S + D)
     Dk = D // H
     q_heads, k_heads = split_heads(q[None], H)[0], split_heads(k[None], H)[0]  # (H, T, Dk), (H, S, Dk)
-    divisor = temperature * math.sqrt(Dk) if scaled else temperature
+    divisor = math.sqrt(Dk) if temperature is None else temperature  # tau is the whole divisor, as in 03-04
     for mask in (None, causal_mask(T, S), torch.arange(S)[None, :] < S - 2):  # none, causal, padding (1, S)
-        weights = explorer_weights(q, k, H, temperature, scaled, mask)
+        weights = explorer_weights(q, k, H, temperature, mask)
         assert weights.shape == (H, T, S)
         _, reference = scaled_dot_product_attention(q_heads, k_heads, k_heads, mask, scale=1.0 / divisor)
         assert_close(weights, reference)
@@ -66,7 +66,7 @@ def test_weights_match_the_course_attention_and_torch_softmax(T, S, D, H, temper
         assert_close(weights, torch.softmax(scores, dim=-1))
 
 
-def test_at_temperature_1_with_the_scale_the_weights_are_the_modules():
+def test_at_the_default_temperature_sqrt_dk_the_weights_are_the_modules():
     torch.manual_seed(0)
     mha = MultiHeadAttention(24, 3)
     x = torch.randn(1, 7, 24)
@@ -77,11 +77,13 @@ def test_at_temperature_1_with_the_scale_the_weights_are_the_modules():
                      mha(x, mask=causal_mask(7), return_weights=True)[1][0])
 
 
-def test_dropping_the_scale_is_a_temperature_of_one_over_sqrt_dk():
+def test_the_default_temperature_is_sqrt_dk_and_one_drops_the_scale():
     q, k = _qk(5, 5, 64)
     H = 1  # Dk = 64, sqrt = 8
-    assert_close(explorer_weights(q, k, H, scaled=False), explorer_weights(q, k, H, temperature=1 / 8))
-    assert not torch.allclose(explorer_weights(q, k, H, scaled=False), explorer_weights(q, k, H))
+    assert_close(explorer_weights(q, k, H), explorer_weights(q, k, H, temperature=8.0))
+    unscaled = torch.softmax(q @ k.T, dim=-1)[None]  # (1, T, S): the scores divided by nothing
+    assert_close(explorer_weights(q, k, H, temperature=1.0), unscaled)
+    assert not torch.allclose(explorer_weights(q, k, H, temperature=1.0), explorer_weights(q, k, H))
 
 
 def test_masks():
@@ -102,13 +104,14 @@ def explorer():
     return attention_explorer(Q, K, 2, [f"t{i}" for i in range(6)], settings=ExplorerSettings(padding=2))
 
 
-def test_the_first_figure_shows_head_0_at_temperature_1_with_its_entropy_in_the_title(explorer):
+def test_the_first_figure_shows_head_0_at_temperature_sqrt_dk_with_its_entropy_in_the_title(explorer):
     weights = explorer_weights(Q, K, 2)
     [shown] = _shown(explorer)
     assert_close(shown, weights[0])
     assert f"row entropy {attention_entropy(weights[0]).mean():.2f} nats" in _titles(explorer)
     assert f"largest weight {weights[0].max(dim=-1).values.mean():.2f}" in _titles(explorer)
     assert bytes(explorer.image.value).startswith(PNG_SIGNATURE)
+    assert explorer.temperature.value == pytest.approx(2.0) and "τ = 2.00 (√D_k = 2)" in _titles(explorer)
 
 
 def test_a_higher_temperature_raises_the_entropy_of_every_row(explorer):
@@ -121,13 +124,13 @@ def test_a_higher_temperature_raises_the_entropy_of_every_row(explorer):
     assert explorer.image.value != png, "the image widget shows the new figure"
 
 
-def test_unticking_the_scale_sharpens_every_row(explorer):
+def test_a_temperature_of_one_drops_the_scale_and_sharpens_every_row(explorer):
     before, png = _shown(explorer)[0], bytes(explorer.image.value)
-    explorer.scaled.value = False
+    explorer.temperature.value = 1.0
     after = _shown(explorer)[0]
-    assert_close(after, explorer_weights(Q, K, 2, scaled=False)[0])
+    assert_close(after, explorer_weights(Q, K, 2, temperature=1.0)[0])
     assert (attention_entropy(after) < attention_entropy(before)).all()
-    assert "no √D_k" in _titles(explorer) and explorer.image.value != png
+    assert "τ = 1.00" in _titles(explorer) and explorer.image.value != png
 
 
 def test_the_head_control_picks_that_heads_weights_or_all_of_them(explorer):
@@ -194,7 +197,7 @@ def test_bad_shapes_and_head_counts_are_rejected_with_a_clear_message(q_shape, k
     (ExplorerSettings(head=2), "head must be 0 .. H - 1 = 1 (heads are counted from 0) or 'all', got 2"),
     (ExplorerSettings(head=-1), "head must be 0 .. H - 1 = 1"),
     (ExplorerSettings(temperature=0.0), "must be a positive number, got 0.0"),
-    (ExplorerSettings(temperature=50.0), "the slider's temperature runs from 0.1 to 10, got an initial 50.0"),
+    (ExplorerSettings(temperature=50.0), "the slider's temperature runs from 0.1 to 31.6228, got an initial 50.0"),
     (ExplorerSettings(mask="future"), "mask must be one of ('none', 'causal', 'padding'), got 'future'"),
     (ExplorerSettings(mask="padding", padding=6), "hides the last 1 .. S - 1 = 5 keys"),
 ])

@@ -446,11 +446,16 @@ def test_rotary_attention_rotates_each_heads_queries_and_keys():
 def test_neighbour_task_and_model():
     config = neighbours.NeighbourConfig(steps=5, test_size=50)
     x, y = neighbours.make_neighbour_batch(config, 4, torch.Generator().manual_seed(0))
-    assert torch.equal(y[:, 3], x[:, 2] * config.V + x[:, 4])
-    assert torch.equal(y[:, 0], x[:, -1] * config.V + x[:, 1])  # circular
+    assert y.shape == (4, config.T, 2)
+    assert torch.equal(y[:, 3, 0], x[:, 2]) and torch.equal(y[:, 3, 1], x[:, 4])
+    assert torch.equal(y[:, 0, 0], x[:, -1]) and torch.equal(y[:, -1, 1], x[:, 0])  # circular
     first = neighbours.train_neighbour_model(config, seed=0)
     again = neighbours.train_neighbour_model(config, seed=0)
     assert first.losses == again.losses and first.accuracy == again.accuracy
+    logits, weights = first.model(x)
+    assert logits.shape == (4, config.T, 2, config.V) and weights.shape == (4, 2, config.T, config.T)
+    # no MLP after attention: the logits are an affine function of x + attended
+    assert not any(isinstance(m, (nn.ReLU, nn.GELU, nn.LayerNorm)) for m in first.model.modules())
     offsets, profile = neighbours.head_offset_profile(first.model, config)
     assert offsets[0] == -6 and len(offsets) == 12 and profile.shape == (2, 12)
     torch.testing.assert_close(profile.sum(dim=1), torch.ones(2))  # each head's weights sum to 1 per query
@@ -459,6 +464,8 @@ def test_neighbour_task_and_model():
     assert sum(p.numel() for p in single.model.parameters()) == sum(p.numel() for p in first.model.parameters())
     _, weights = single.model(neighbours.neighbour_test_set(config, 0)[0])
     assert weights.shape == (config.test_size, 1, config.T, config.T)
+    left, right = neighbours.neighbour_accuracy(first.model, config, 0, ablated_head=1)
+    assert 0 <= left <= 1 and 0 <= right <= 1
 
 
 def test_order_models_and_reversal_task():

@@ -1,12 +1,13 @@
-"""An attention explorer for the lecture: temperature, the √D_k scale, one head or all, a mask (notebook 05).
+"""An attention explorer for the lecture: the temperature, one head or all, a mask (notebook 05).
 
 A lecturer shows in class what each knob does to the weights of real heads,
 without editing code:
 
-    w^h_ij = softmax_j( q^h_i · k^h_j / (τ · √D_k) ),   masked keys get weight 0,
+    w^h_ij = softmax_j( q^h_i · k^h_j / τ ),   masked keys get weight 0,
 
-with the temperature τ on a slider, the division by √D_k on a checkbox
-(unticked, the scores are divided by τ alone), the head on a drop-down (or
+with the temperature τ, the whole divisor of the scores as in notebooks 03 and
+04, on a slider that starts at τ = √D_k (the layer as trained; τ = 1 is the
+layer without its scale), the head on a drop-down (or
 every head side by side), and no mask, the causal mask or a padding mask on
 the last keys. Each heatmap's title gives the mean entropy of its rows and
 the mean of their largest weights, so that a change can be read off as a number.
@@ -52,16 +53,15 @@ from course_utils.experiments.plotting import show_attention
 
 MASK_KINDS = ("none", "causal", "padding")
 ALL_HEADS = "all"
-# The temperature slider runs over tau = 10 ** exponent, exponent in [-1, 1] in steps of 0.05.
-TEMPERATURE_EXPONENTS = (-1.0, 1.0, 0.05)
+# The temperature slider runs over tau = 10 ** exponent, exponent in [-1, 1.5] in steps of 0.05.
+TEMPERATURE_EXPONENTS = (-1.0, 1.5, 0.05)
 
 
 @dataclass(frozen=True)
 class ExplorerSettings:
     """What the explorer shows; each field but ``padding`` is one control of the widget."""
 
-    temperature: float = 1.0  # tau > 0: the scores are divided by tau; > 1 flattens the weights, < 1 sharpens them
-    scaled: bool = True  # also divide the scores by sqrt(Dk) (notebook 04); False shows what the scale prevents
+    temperature: float | None = None  # tau > 0 divides the scores (as in notebooks 03-04); None: sqrt(Dk), as trained
     head: int | str = 0  # the head shown, 0 .. H - 1, or "all" for every head side by side
     mask: str = "none"  # "none", "causal" (query i sees keys j <= i) or "padding" (the last `padding` keys hidden)
     padding: int = 1  # how many keys at the end the padding mask hides, 1 .. S - 1
@@ -82,19 +82,19 @@ def _check_sequence(q: Any, k: Any, num_heads: Any) -> None:
                          f"num_heads; H may be one of {[h for h in range(1, D + 1) if D % h == 0]}")
 
 
-def explorer_weights(q: torch.Tensor, k: torch.Tensor, num_heads: int, temperature: float = 1.0,
-                     scaled: bool = True, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The attention weights of every head of one sequence, softmax(q k^T / (tau sqrt(Dk))) (notebook 05).
+def explorer_weights(q: torch.Tensor, k: torch.Tensor, num_heads: int, temperature: float | None = None,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The attention weights of every head of one sequence, softmax(q k^T / tau) (notebook 05).
 
-    With ``temperature=1`` and ``scaled=True`` these are the weights of
-    ``MultiHeadAttention`` (Vaswani et al. 2017, eq. 1, per head).
+    With ``temperature=None``, tau = sqrt(Dk), these are the weights of
+    ``MultiHeadAttention`` (Vaswani et al. 2017, eq. 1, per head); tau = 1 is
+    the same layer without its scale.
 
     Args:
         q: (T, D) float, the projected queries of one sequence, all heads side by side (e.g. ``mha.q_proj(x)``).
         k: (S, D) float, the projected keys (e.g. ``mha.k_proj(x)``).
         num_heads: H; D must be divisible by H, and Dk = D / H.
-        temperature: tau > 0, divides the scores.
-        scaled: Also divide the scores by sqrt(Dk).
+        temperature: tau > 0, the whole divisor of the scores; None: sqrt(Dk).
         mask: None, or bool broadcastable to (T, S), True = may attend (see ``explorer_mask``).
 
     Returns:
@@ -105,13 +105,14 @@ def explorer_weights(q: torch.Tensor, k: torch.Tensor, num_heads: int, temperatu
             the temperature is not a positive number, or the mask does not fit.
     """
     _check_sequence(q, k, num_heads)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+                                    or not 0 < temperature < math.inf):
         raise InputError(f"the temperature tau divides the scores and must be a positive number, got {temperature!r}")
     q_heads = split_heads(q[None], num_heads)[0]  # (T, D) -> (1, T, D) -> (1, H, T, Dk) -> (H, T, Dk)
     k_heads = split_heads(k[None], num_heads)[0]  # (S, D) -> (H, S, Dk)
     validate_attention_inputs(q_heads, k_heads, k_heads, mask)  # the mask must broadcast to (H, T, S)
     Dk = q_heads.shape[-1]
-    divisor = temperature * math.sqrt(Dk) if scaled else temperature
+    divisor = math.sqrt(Dk) if temperature is None else temperature
     scores = pairwise_scores(q_heads, k_heads) / divisor  # (H, T, Dk) @ (H, Dk, S) -> (H, T, S)
     return masked_softmax(scores, mask)  # (H, T, S)
 
@@ -165,7 +166,7 @@ def explorer_figure(q: torch.Tensor, k: torch.Tensor, num_heads: int, settings: 
         q: (T, D) float projected queries of one sequence (see ``explorer_weights``).
         k: (S, D) float projected keys.
         num_heads: H.
-        settings: Temperature, scale, head, mask.
+        settings: Temperature, head, mask.
         query_labels: T labels (tokens) for the rows; default: positions.
         key_labels: S labels for the columns; default: ``query_labels`` when S = T, else positions.
 
@@ -186,12 +187,12 @@ def explorer_figure(q: torch.Tensor, k: torch.Tensor, num_heads: int, settings: 
                          f"got {head!r}")
     mask = explorer_mask(settings.mask, T, S, settings.padding)
     with torch.no_grad():
-        weights = explorer_weights(q, k, num_heads, settings.temperature, settings.scaled, mask)  # (H, T, S)
+        weights = explorer_weights(q, k, num_heads, settings.temperature, mask)  # (H, T, S)
     entropy = attention_entropy(weights).mean(dim=-1)  # (H, T) -> (H,): mean over the queries
     largest = weights.max(dim=-1).values.mean(dim=-1)  # (H, T, S) -> (H, T) -> (H,)
     Dk = q.shape[-1] // num_heads
-    divisor = f"τ·√D_k = {settings.temperature:.2f}·{math.sqrt(Dk):.3g}" if settings.scaled else \
-        f"τ = {settings.temperature:.2f} (no √D_k)"
+    tau = math.sqrt(Dk) if settings.temperature is None else settings.temperature
+    divisor = f"τ = {tau:.2f} (√D_k = {math.sqrt(Dk):.3g})"
     masked = f"padding, the last {settings.padding} key(s)" if settings.mask == "padding" else settings.mask
     setting = f"scores ÷ {divisor}, mask: {masked}"
 
@@ -226,7 +227,7 @@ class AttentionExplorer(widgets.VBox):
     """The explorer widget: a row of controls above the heatmap (build it with ``attention_explorer``).
 
     Attributes:
-        temperature, scaled, head, mask: The controls (``FloatLogSlider``, ``Checkbox``, two ``Dropdown``).
+        temperature, head, mask: The controls (``FloatLogSlider`` and two ``Dropdown``).
         image: The ``Image`` widget that shows the current figure as a PNG.
         figure: The current matplotlib Figure (what ``image`` shows).
     """
@@ -237,10 +238,10 @@ class AttentionExplorer(widgets.VBox):
         self._labels, self._padding = (query_labels, key_labels), settings.padding
         low, high, step = TEMPERATURE_EXPONENTS
         Dk = q.shape[-1] // num_heads
-        self.temperature = widgets.FloatLogSlider(value=settings.temperature, base=10, min=low, max=high, step=step,
-                                                  description="temperature τ", readout_format=".2f",
-                                                  style={"description_width": "initial"})
-        self.scaled = widgets.Checkbox(value=settings.scaled, description=f"divide by √D_k = √{Dk}", indent=False)
+        tau = math.sqrt(Dk) if settings.temperature is None else settings.temperature
+        self.temperature = widgets.FloatLogSlider(value=tau, base=10, min=low, max=high, step=step,
+                                                  description=f"temperature τ (√D_k = {math.sqrt(Dk):.3g})",
+                                                  readout_format=".2f", style={"description_width": "initial"})
         self.head = widgets.Dropdown(options=[(f"head {h}", h) for h in range(num_heads)] + [("all heads", ALL_HEADS)],
                                      value=settings.head, description="show", layout={"width": "max-content"})
         self.mask = widgets.Dropdown(options=[("no mask", "none"), ("causal", "causal"),
@@ -248,15 +249,15 @@ class AttentionExplorer(widgets.VBox):
                                      value=settings.mask, description="mask", layout={"width": "max-content"})
         self.figure = figure
         self.image = widgets.Image(value=_png(self.figure), format="png")
-        super().__init__([widgets.HBox([self.temperature, self.scaled, self.head, self.mask]), self.image])
-        for control in (self.temperature, self.scaled, self.head, self.mask):
+        super().__init__([widgets.HBox([self.temperature, self.head, self.mask]), self.image])
+        for control in (self.temperature, self.head, self.mask):
             control.observe(self._redraw, names="value")
 
     @property
     def settings(self) -> ExplorerSettings:
         """The setting the controls show now."""
-        return ExplorerSettings(temperature=self.temperature.value, scaled=self.scaled.value, head=self.head.value,
-                                mask=self.mask.value, padding=self._padding)
+        return ExplorerSettings(temperature=self.temperature.value, head=self.head.value, mask=self.mask.value,
+                                padding=self._padding)
 
     def _redraw(self, change: dict | None = None) -> None:
         self.figure = explorer_figure(self._q, self._k, self._num_heads, self.settings, *self._labels)
@@ -282,7 +283,7 @@ def attention_explorer(q: torch.Tensor, k: torch.Tensor, num_heads: int,
         num_heads: H, the number of heads the width D is cut into.
         query_labels: T labels for the rows (tokens); default: positions.
         key_labels: S labels for the columns; default: ``query_labels`` when S = T.
-        settings: The initial temperature, scale, head, mask and the padding mask's length.
+        settings: The initial temperature (None: sqrt(Dk)), head, mask and the padding mask's length.
 
     Returns:
         The ``AttentionExplorer`` widget; make it the last expression of a cell to show it.
@@ -294,7 +295,8 @@ def attention_explorer(q: torch.Tensor, k: torch.Tensor, num_heads: int,
     q, k = (x.detach() if isinstance(x, torch.Tensor) else x for x in (q, k))
     figure = explorer_figure(q, k, num_heads, settings, query_labels, key_labels)  # bad input fails here
     low, high, _ = TEMPERATURE_EXPONENTS
-    if not 10 ** low <= settings.temperature <= 10 ** high:
+    tau = math.sqrt(q.shape[-1] // num_heads) if settings.temperature is None else settings.temperature
+    if not 10 ** low <= tau <= 10 ** high:
         raise InputError(f"the slider's temperature runs from {10 ** low:g} to {10 ** high:g}, got an initial "
                          f"{settings.temperature!r}")
     return AttentionExplorer(q, k, num_heads, settings, query_labels, key_labels, figure)
