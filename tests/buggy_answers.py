@@ -698,6 +698,11 @@ NEW_KINDS = {
             "    if mask is not None and (mask.dim() < 4 or mask.shape[1] == 1):\n"
             "        weights = masked_softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, mask)\n"
             "    context = weights @ v\n"), "loops over the heads"),
+        ("an inverted mask, nn.MultiheadAttention's convention", _MHA.replace(
+            "    context, weights = scaled_dot_product_attention(q, k, v, mask)\n",
+            "    from course_utils.blocks.attention import masked_softmax\n"
+            "    weights = masked_softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, None if mask is None else ~mask)\n"
+            "    context = weights @ v\n"), "inverted"),
         # issue 34: "Do not call scaled_dot_product_attention ... Decide the scale", and these passed
         ("the course's scaled_dot_product_attention, no scale written", _MHA, "rules out"),
         ("F.scaled_dot_product_attention for the output", _MHA.replace(

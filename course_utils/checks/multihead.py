@@ -70,7 +70,7 @@ _PER_HEAD = frozenset({"stack", "cat", "concat", "concatenate", "hstack", "vstac
                        "row_stack", "chunk", "split", "tensor_split", "unbind", "split_with_sizes", "unsafe_chunk",
                        "unsafe_split", "hsplit", "vsplit", "dsplit"})
 _NO_LOOP = ("The exercise asks for the split without a loop over the heads: all H heads at once, by giving the "
-            "numbers a new shape and a new order of axes (section 1), whatever the number of heads")
+            "numbers a new shape and a new order of axes (section 2), whatever the number of heads")
 
 
 def _split_without_a_loop(fn: Callable[..., Any], seed: int) -> None:
@@ -121,13 +121,13 @@ def _split_heads_once(fn: Callable[[torch.Tensor, int], Any], seed: int, B: int,
     suspects = {
         "the view went straight to (B, H, T, Dh): that cuts x's memory into blocks of T * Dh numbers, so one "
         "'head' holds features of several tokens. Each token's features must stay with their token "
-        "(section 1)": x.reshape(B, H, T, Dh),
+        "(section 2)": x.reshape(B, H, T, Dh),
         "head h takes every H-th feature (h, h + H, ...): head h must take the contiguous block of features "
         "h * Dh ... (h + 1) * Dh - 1": x.view(B, T, Dh, H).permute(0, 3, 1, 2),
     }
     hints = {
         (B * H, T, Dh): "keep B and H as two dimensions, (B, H, T, Dh); and remember that a view "
-                        "straight to the head shape mixes tokens (section 1)",
+                        "straight to the head shape mixes tokens (section 2)",
         (B, T, H, Dh): "the features are cut into heads, but the head axis is still after the token axis: "
                        "the result must be (B, H, T, Dh), heads before tokens",
         (T, B * H, Dh): "a view to (T, B * H, Dh) of a (B, T, D) tensor reinterprets memory and mixes batch "
@@ -311,7 +311,7 @@ def _mha_once(fn: Callable[..., Any], seed: int, B: int, T: int, S: int, D: int,
             expected_out, expected_weights = multihead.multi_head_attention(query, key, value_, *projections, H, mask)
             variants = {
                 "the heads were split with a view straight to (B, H, T, Dh), which scrambles tokens across heads "
-                "(section 1)": _mha_variant(query, key, value_, projections, H, mask, bad_split=True),
+                "(section 2)": _mha_variant(query, key, value_, projections, H, mask, bad_split=True),
                 "the heads were merged with a reshape to (B, T, D) without transposing back, which mixes tokens "
                 "(Exercise 2)": _mha_variant(query, key, value_, projections, H, mask, bad_merge=True),
                 f"the scores were scaled by sqrt(D) = sqrt({D}), the model width; each head's queries and keys have "
@@ -323,6 +323,11 @@ def _mha_once(fn: Callable[..., Any], seed: int, B: int, T: int, S: int, D: int,
                     query, key, value_, projections, H, mask, no_out_proj=True),
                 "the mask was ignored: padded keys get weight": _mha_variant(query, key, value_, projections, H, None),
             }
+            if mask is not None:
+                variants["the mask was inverted: keys marked True got no weight and the others all of it. In this "
+                         "course (and in F.scaled_dot_product_attention) True means may attend; ~mask is "
+                         "nn.MultiheadAttention's convention, where True means ignore"] = _mha_variant(
+                    query, key, value_, projections, H, ~mask)
             if value_ is not key:
                 variants["the values were computed from key: v_proj must be applied to value (key and value are "
                          "often, but not always, the same tensor)"] = _mha_variant(query, key, key, projections, H,
@@ -343,7 +348,7 @@ def _mha_once(fn: Callable[..., Any], seed: int, B: int, T: int, S: int, D: int,
                     hints={(B, H, Tq, Dh): "the heads are not merged: out must be (B, T, D), the heads of each "
                                            "token side by side and then mixed by the output projection"},
                     hint="each head's output is the weighted sum of its values; the heads of each token are "
-                         "concatenated, then mixed by the output projection (section 2's equations)")
+                         "concatenated, then mixed by the output projection (section 3's equations)")
     check_gradients(fn, (x, memory, value, *projections, H, pad), multihead.multi_head_attention,
                     name="multi_head_attention", wrt={0: "query", 1: "key", 2: "value"}, what="out and the weights",
                     seed=seed)
