@@ -525,6 +525,35 @@ def test_order_model_without_positions_is_equivariant():
         torch.testing.assert_close(model(x[:, perm]), model(x)[:, perm])
 
 
+def test_copy_task_targets_and_the_causal_order_model():
+    """Notebook 06's copy back: y[i] = x[i - back], no target before ``back``; query i sees keys 0 .. i only."""
+    config = order.CopyConfig(steps=3, test_size=20)
+    x, y = order.make_copy_batch(config, 5, 9, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (5, 9) and (y[:, : config.back] == order.IGNORE).all()
+    assert torch.equal(y[:, config.back:], x[:, : 9 - config.back])
+    for kind in ["none", "sinusoidal", "learned", "rotary"]:
+        torch.manual_seed(0)
+        model = order.OrderModel(config, kind).eval()
+        long = torch.randint(config.V, (2, config.T_test))
+        with torch.no_grad():  # causal: changing the last token changes no earlier output
+            changed = long.clone()
+            changed[:, -1] = (changed[:, -1] + 1) % config.V
+            torch.testing.assert_close(model(changed)[:, :-1], model(long)[:, :-1])
+            assert model(long).shape == (2, config.T_test, config.V)
+    # the learned table has max_len rows; a run at length T leaves rows T .. max_len - 1 untouched
+    run = order.train_copy_model(config, positions="learned", seed=0)
+    torch.manual_seed(0)
+    fresh = order.OrderModel(config, "learned")
+    table, start = run.model.position_embedding.weight, fresh.position_embedding.weight
+    assert table.shape == (config.max_len, config.D)
+    torch.testing.assert_close(table[config.T:], start[config.T:], atol=0, rtol=0)
+    assert not torch.equal(table[: config.T], start[: config.T])
+    assert len(run.position_accuracy) == config.T_test and all(math.isnan(a) for a in run.position_accuracy[: config.back])
+    assert 0 <= run.seen <= 1 and 0 <= run.unseen <= 1 and len(run.losses) == 3
+    with pytest.raises(InputError, match="max_len"):
+        order.OrderModel(dataclasses.replace(config, max_len=config.T - 1), "learned")
+
+
 def test_show_matrix():
     from course_utils.experiments.plotting import show_matrix
 

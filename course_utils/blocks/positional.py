@@ -7,10 +7,10 @@ Self-attention without positions is permutation-equivariant: it cannot tell
 * learned position embeddings (``nn.Embedding(max_len, D)``), same paper, Table 3 row (E);
 * rotary embeddings (RoPE) applied to queries and keys, Su et al. 2021, arXiv:2104.09864.
 
-Notation (notebook 06): p is a position and m a feature-pair index, both from 0;
-pair m of a vector of width D is the features (2m, 2m + 1) and turns with the
-angular frequency theta_m = 10000^(-2m/D). Code that pairs feature m with
-m + D/2 instead ("rotate half", GPT-NeoX and Hugging Face's LLaMA) is
+Notation (notebook 06): p is a position and f a feature-pair index, both from 0;
+pair f of a vector of width D is the features (2f, 2f + 1) and turns with the
+angular frequency theta_f = 10000^(-2f/D). Code that pairs feature f with
+f + D/2 instead ("rotate half", GPT-NeoX and Hugging Face's LLaMA) is
 ``apply_rotary_half``; ``to_rotate_half`` converts a checkpoint to it.
 """
 
@@ -36,7 +36,7 @@ def validate_positions(T: int, D: int) -> None:
 
 
 def frequencies(D: int, base: float = 10000.0) -> torch.Tensor:
-    """The D/2 angular frequencies theta_m = base^(-2m/D), m = 0 .. D/2 - 1, from fast to slow.
+    """The D/2 angular frequencies theta_f = base^(-2f/D), f = 0 .. D/2 - 1, from fast to slow.
 
     Returns:
         (D/2,) float32.
@@ -45,10 +45,10 @@ def frequencies(D: int, base: float = 10000.0) -> torch.Tensor:
 
 
 def sinusoidal_positional_encoding(T: int, D: int) -> torch.Tensor:
-    """PE[p, 2m] = sin(p theta_m), PE[p, 2m + 1] = cos(p theta_m), theta_m = 10000^(-2m/D) (notebook 06).
+    """PE[p, 2f] = sin(p theta_f), PE[p, 2f + 1] = cos(p theta_f), theta_f = 10000^(-2f/D) (notebook 06).
 
-    Vaswani et al. 2017, §3.5. Pair m of every row is a point on a circle that
-    turns with frequency theta_m as the position p grows.
+    Vaswani et al. 2017, §3.5. Pair f of every row is a point on a circle that
+    turns with frequency theta_f as the position p grows.
 
     Args:
         T: Number of positions (0 .. T - 1).
@@ -72,8 +72,8 @@ def sinusoidal_positional_encoding(T: int, D: int) -> torch.Tensor:
 def shift_matrix(offset: int, D: int, base: float = 10000.0) -> torch.Tensor:
     """The fixed linear map M_Delta with PE[p + Delta] = PE[p] @ M_Delta for every position p (notebook 06).
 
-    Block-diagonal: the 2x2 block of pair m is [[cos Delta theta_m, -sin Delta theta_m],
-    [sin Delta theta_m, cos Delta theta_m]], a rotation by the angle Delta theta_m, where
+    Block-diagonal: the 2x2 block of pair f is [[cos Delta theta_f, -sin Delta theta_f],
+    [sin Delta theta_f, cos Delta theta_f]], a rotation by the angle Delta theta_f, where
     Delta = ``offset``. It depends on the offset, not on p.
 
     Returns:
@@ -90,7 +90,7 @@ def shift_matrix(offset: int, D: int, base: float = 10000.0) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """RoPE: rotate pair (2m, 2m+1) of the row at position p by the angle p theta_m (notebook 06, exercise 1).
+    """RoPE: rotate pair (2f, 2f+1) of the row at position p by the angle p theta_f (notebook 06, exercise 1).
 
     Su et al. 2021 (the paper's interleaved pairs). Applied to queries and keys,
     it makes the score of query i and key j depend on the positions only
@@ -129,11 +129,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary_half(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """RoPE with the pairs (m, m + Dk/2), written as Hugging Face's LLaMA writes it (every feature rotated)."""
+    """RoPE with the pairs (f, f + Dk/2), written as Hugging Face's LLaMA writes it (every feature rotated)."""
     T, Dk = x.shape[-2:]
     positions = torch.arange(T) if positions is None else positions
-    freqs = torch.outer(positions.float(), frequencies(Dk))  # (T, Dk/2): the angles p θ_m, float32
-    emb = torch.cat([freqs, freqs], dim=-1)  # (T, Dk): features m and m + Dk/2 share the angle p θ_m
+    freqs = torch.outer(positions.float(), frequencies(Dk))  # (T, Dk/2): the angles p θ_f, float32
+    emb = torch.cat([freqs, freqs], dim=-1)  # (T, Dk): features f and f + Dk/2 share the angle p θ_f
     return x * emb.cos().to(x.dtype) + rotate_half(x) * emb.sin().to(x.dtype)
 
 
@@ -142,7 +142,7 @@ def to_rotate_half(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
     Within each head, output feature n of the result is feature ``perm[n]`` of
     the input, with ``perm = [0, 2, 4, ..., 1, 3, 5, ...]``: the two members of
-    pair m, stored at 2m and 2m + 1, move to m and m + Dh/2. Attention that
+    pair f, stored at 2f and 2f + 1, move to f and f + Dh/2. Attention that
     rotates with ``apply_rotary_half`` then computes the scores that
     ``apply_rotary`` computed with the original weights. It is the reordering
     that Hugging Face's script for Meta's LLaMA checkpoints calls "permute".

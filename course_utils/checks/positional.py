@@ -46,23 +46,23 @@ def _sinusoidal_once(fn: Callable[[int, int], Any], T: int, D: int) -> None:
         return torch.stack([a, b], dim=-1).reshape(a.shape[0], -1)  # (T, D/2) x2 -> (T, D)
 
     suspects = {
-        "sin and cos are swapped: even features (2m) take the sine, odd features (2m + 1) the cosine":
+        "sin and cos are swapped: even features (2f) take the sine, odd features (2f + 1) the cosine":
             interleave(torch.cos(p * theta), torch.sin(p * theta)),
-        "each feature got its own frequency 10000^(-j/D); the two features of a pair (2m, 2m + 1) share "
-        "theta_m = 10000^(-2m/D)": torch.where(torch.arange(D) % 2 == 0, torch.sin(p * per_feature),
+        "each feature got its own frequency 10000^(-j/D); the two features of a pair (2f, 2f + 1) share "
+        "theta_f = 10000^(-2f/D)": torch.where(torch.arange(D) % 2 == 0, torch.sin(p * per_feature),
                                                torch.cos(p * per_feature)),
         "this is the 'halves' layout (all sines, then all cosines), used by some libraries; the paper puts the sine "
-        "of pair m in feature 2m and its cosine in feature 2m + 1":
+        "of pair f in feature 2f and its cosine in feature 2f + 1":
             torch.cat([torch.sin(p * theta), torch.cos(p * theta)], -1),
         "positions start at 1: the first token has position 0":
             interleave(torch.sin((p + 1) * theta), torch.cos((p + 1) * theta)),
-        "the angle is p * 10000^(+2m/D): the exponent's sign is flipped, so the last pairs turn fastest":
+        "the angle is p * 10000^(+2f/D): the exponent's sign is flipped, so the last pairs turn fastest":
             interleave(torch.sin(p / theta), torch.cos(p / theta)),
     }
     hints = {(D, T): "rows are positions and columns features: (T, D)", (T, D // 2): "only D/2 columns: write the sines "
              "into the even columns and the cosines into the odd ones"}
     check_close(got, expected, name="the encoding", shape="T D", dims={"T": T, "D": D}, hints=hints, suspects=suspects,
-                hint="PE[p, 2m] = sin(p / 10000^(2m/D)) and PE[p, 2m + 1] = cos(p / 10000^(2m/D))")
+                hint="PE[p, 2f] = sin(p / 10000^(2f/D)) and PE[p, 2f + 1] = cos(p / 10000^(2f/D))")
 
 
 @exercise_check
@@ -111,11 +111,11 @@ def _apply_rotary_once(fn: Callable[[torch.Tensor, torch.Tensor | None], Any], s
         first, second = x[..., :half], x[..., half:]
         halves = torch.cat([first * angles.cos() - second * angles.sin(), first * angles.sin() + second * angles.cos()], -1)
         suspects = {
-            "each pair is turned the wrong way, by the angle -p theta_m instead of +p theta_m":
+            "each pair is turned the wrong way, by the angle -p theta_f instead of +p theta_f":
                 positional.apply_rotary(x, -pos),
-            "this pairs feature m with feature m + Dk/2 (the 'rotate half' layout of GPT-NeoX and Hugging Face's "
+            "this pairs feature f with feature f + Dk/2 (the 'rotate half' layout of GPT-NeoX and Hugging Face's "
             "LLaMA): the same rotation up to a permutation of the features, but this exercise asks for the paper's "
-            "adjacent pairs (2m, 2m + 1)": halves,
+            "adjacent pairs (2f, 2f + 1)": halves,
             "the positions were ignored: every row came out as if it sat at position 0":
                 positional.apply_rotary(x, torch.zeros_like(pos)),
         }
@@ -123,8 +123,8 @@ def _apply_rotary_once(fn: Callable[[torch.Tensor, torch.Tensor | None], Any], s
             suspects["the given positions were ignored: use 0 .. T - 1 only when positions is None"] = (
                 positional.apply_rotary(x, None))
         check_close(got, expected, name=f"the rotated x ({label})", shape=shape, dims=dims,
-                    suspects=suspects, hint="pair (2m, 2m + 1) of the row at position p is turned by the angle "
-                                            "p * theta_m, theta_m = 10000^(-2m/Dk)")
+                    suspects=suspects, hint="pair (2f, 2f + 1) of the row at position p is turned by the angle "
+                                            "p * theta_f, theta_f = 10000^(-2f/Dk)")
     # bfloat16 at large positions: the angles must not be rounded to x's dtype before cos and sin
     x16 = torch.randn(*lead, T, Dk, generator=g).to(torch.bfloat16)
     far = 1000 + torch.arange(T)  # bfloat16 rounds 1001 and 1002 to 1000
@@ -199,7 +199,7 @@ def _to_rotate_half_once(fn: Callable[[torch.Tensor, int], Any], seed: int, H: i
             "goes to slot n is feature perm[n], not the slot that feature n goes to": tensor[inverse],
         }
         if H > 1:
-            suspects["the rows were reordered across the whole width D, as if it were one head: pairs (2m, 2m + 1) "
+            suspects["the rows were reordered across the whole width D, as if it were one head: pairs (2f, 2f + 1) "
                      "live inside each head's Dh features, and each head is reordered on its own"] = tensor[across]
         if tensor.dim() == 2 and D_in == D:
             suspects["the columns were reordered: the rows of an nn.Linear weight are its output features, the "
