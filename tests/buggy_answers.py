@@ -105,10 +105,12 @@ BUGGY = {
             "    terms = torch.where(weights > 0, weights * torch.log(weights), torch.zeros_like(weights))\n"
             "    return -terms.sum(dim=-1)\n"
         ),
-        # scaled by the model width H * Dh
-        "scaled_scores": (
-            "def scaled_scores(q, k):\n"
-            "    return q @ k.transpose(-2, -1) / (q.shape[1] * q.shape[-1]) ** 0.5\n"
+        # the two runs swapped: "head width" trained with the model width's scale and the other way round
+        "head_scale_runs": (
+            "def head_scale_runs(config, H, seed=0):\n"
+            "    from course_utils.experiments.scaling import train_recall\n"
+            "    return {'head width': train_recall(config, seed=seed, scale=config.Dk ** -0.5, heads=H),\n"
+            "            'model width': train_recall(config, seed=seed, scale=(config.Dk // H) ** -0.5, heads=H)}\n"
         ),
         # measures the scaled softmax, which never saturates, instead of the unscaled one
         "saturation_width": (
@@ -348,6 +350,13 @@ _TOP_KEYS = ("def top_keys(x, lengths, W_q=None, W_k=None):\n"
              "    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)\n"
              "    top = weights.argmax(dim=-1)\n"
              "    return top.masked_fill(positions >= lengths[:, None], -1)\n")
+# A right answer to notebook 04's exercise 3, as a learner might write it; the buggy answers change one thing in it.
+_HEADS = ("def head_scale_runs(config, H, seed=0):\n"
+          "    from course_utils.experiments.scaling import train_recall\n"
+          "    Dh = config.Dk // H\n"
+          "    return {'head width': train_recall(config, seed=seed, scale=1 / math.sqrt(Dh), heads=H),\n"
+          "            'model width': train_recall(config, seed=seed, scale=1 / math.sqrt(config.Dk), heads=H)}\n")
+
 NEW_KINDS = {
     "padding_mask_for": [
         ("True marks the padding", "def padding_mask_for(lengths, scores):\n"
@@ -637,11 +646,22 @@ NEW_KINDS = {
          "    from course_utils.blocks.attention import attention_entropy as entropy\n    return entropy(weights)\n",
          "calls the course's reference"),
     ],
-    "scaled_scores": [
-        ("a squeeze that breaks at H = 1", "def scaled_scores(q, k):\n"
-         "    return (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).squeeze(1)\n", "H = 1"),
-        ("calls the reference", "def scaled_scores(q, k):\n"
-         "    from course_utils.blocks import attention\n    return attention.scaled_scores(q, k)\n",
+    "head_scale_runs": [
+        ("the scale applied twice", _HEADS.replace("scale=1 / math.sqrt(Dh)", "scale=1 / Dh"), "the scale applied twice"),
+        ("no scale", _HEADS.replace("scale=1 / math.sqrt(Dh)", "scale=1.0"), "not scaled at all"),
+        ("the divisor passed as the factor", _HEADS.replace("scale=1 / math.sqrt(Dh)", "scale=math.sqrt(Dh)"),
+         "passed the divisor"),
+        ("the model width scaled twice", _HEADS.replace("scale=1 / math.sqrt(config.Dk)", "scale=1 / config.Dk"),
+         "1/D = 1/24"),
+        ("both runs at the model width", _HEADS.replace("scale=1 / math.sqrt(Dh)", "scale=1 / math.sqrt(config.Dk)"),
+         "the factor of the 'model width' run"),
+        ("the number of heads as the width", _HEADS.replace("scale=1 / math.sqrt(Dh)", "scale=1 / math.sqrt(H)"),
+         "the number of heads"),
+        ("one head", _HEADS.replace(", heads=H)", ")"), "one head"),
+        ("the seed not passed on", _HEADS.replace("seed=seed", "seed=0"), "the run of seed 0"),
+        ("the losses returned", _HEADS.replace("heads=H),\n", "heads=H).losses,\n"), "each value is the run"),
+        ("calls the reference", "def head_scale_runs(config, H, seed=0):\n"
+         "    from course_utils.experiments import scaling\n    return scaling.head_scale_runs(config, H, seed)\n",
          "calls the course's reference"),
     ],
     "saturation_width": [

@@ -40,7 +40,7 @@ def exercises() -> list[tuple[str, str]]:
 def notebook_namespace(stem: str, grade_id: str) -> dict[str, Any]:
     """The names in scope after the instructor's solution cell ``grade_id`` of notebook ``stem`` has run.
 
-    The cell runs in a namespace made of the imports and function definitions of every code
+    The cell runs in a namespace made of the imports, function and class definitions of every code
     cell before it, and of the lines that switch to a reference after an exercise
     (``split_heads = multihead.split_heads``), as in the notebook. New objects on every call.
     """
@@ -52,7 +52,7 @@ def notebook_namespace(stem: str, grade_id: str) -> dict[str, Any]:
             exec(compile(cell.source, f"<{stem}: {grade_id}>", "exec"), namespace)  # noqa: S102 - the course's own code
             return namespace
         for node in ast.parse(cell.source).body:
-            if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef)) or _switches_to_reference(node, namespace):
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)) or _switches_to_reference(node, namespace):
                 exec(compile(ast.Module(body=[node], type_ignores=[]), f"<{stem}>", "exec"), namespace)  # noqa: S102
     raise KeyError(f"{stem} has no solution cell {grade_id!r}")
 

@@ -21,7 +21,6 @@ from course_utils.checks import (
     check_attention_entropy,
     check_decoder_layer_forward,
     check_multi_head_attention,
-    check_scaled_scores,
 )
 from course_utils.core.errors import InputError
 from helpers import assert_no_answer_in
@@ -132,7 +131,7 @@ def test_check_additive_attention_names_v_a_on_the_wrong_side():
     assert_no_answer_in(message, FIXES, solution=("02_bahdanau_attention", "additive_attention"))
 
 
-# --- notebook 04: Categorical's entropy, and fixed or wrong widths in the scale ---------------------------------
+# --- notebook 04: Categorical's entropy ---------------------------------------------------------------------------
 
 def test_check_attention_entropy_accepts_categorical(capsys):
     """Categorical renormalises the weights: the same values, and a gradient that differs only by a constant per
@@ -145,17 +144,6 @@ def test_check_attention_entropy_accepts_categorical(capsys):
 def test_check_attention_entropy_still_rejects_a_detached_weight():
     message = _message(check_attention_entropy, lambda w: -(w.detach() * w.clamp(min=1e-30).log()).sum(-1))
     assert "not the right gradient" in message, message
-
-
-@pytest.mark.parametrize(("buggy", "fragment"), [
-    (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(k.shape[-2]), "the number of keys, S = 5"),
-    (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(8), "a fixed number"),
-])
-def test_check_scaled_scores_names_the_wrong_width(buggy, fragment):
-    message = _message(check_scaled_scores, buggy)
-    assert fragment in message, message
-    assert "none of the usual mistakes" not in message, message
-    assert_no_answer_in(message, FIXES, solution=("04_scaling", "scaled_scores"))
 
 
 def test_check_beam_search_asks_about_the_state_when_a_beam_does_not_follow_its_parents():

@@ -506,8 +506,8 @@ import re  # noqa: E402
 from course_utils.checks import (  # noqa: E402
     check_attention_entropy,
     check_attention_scale,
+    check_head_scale_runs,
     check_scaled_dot_product_attention,
-    check_scaled_scores,
     check_top_keys,
 )
 
@@ -669,33 +669,31 @@ def test_check_attention_entropy_names_the_bug(buggy, fragment):
     assert_no_answer_in(str(err.value), NOTEBOOK_04_CODE)
 
 
-SCALED_SCORE_BUGS = [
-    (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[1] * q.shape[-1]), "the model width"),
-    (lambda q, k: q @ k.transpose(-2, -1), "were not scaled"),
-    (lambda q, k: q @ k.transpose(-2, -1) / q.shape[-1], "not by its square root"),
-    (lambda q, k: q @ k.transpose(-2, -1) * math.sqrt(q.shape[-1]), "multiplied by sqrt(Dh)"),
-    (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[1]), "the number of heads"),
-    (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[2]), "the number of queries"),
-    (lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1]), "did you compute k @ q^T"),
-]
+def _head_runs_written_otherwise(config, H, seed=0):
+    """A right answer to notebook 04's exercise 3 written another way: the factors as powers, keyword order changed."""
+    from course_utils.experiments.scaling import train_recall
+
+    factors = {"model width": config.Dk ** -0.5, "head width": (config.Dk // H) ** -0.5}
+    return {name: train_recall(config, scaled=False, heads=H, scale=factor, seed=seed) for name, factor in factors.items()}
 
 
-SCALED_SCORE_BUGS += [
-    # the reviewer's NumPy version: right values, not differentiable
-    (lambda q, k: torch.from_numpy(np.matmul(q.detach().numpy(), np.swapaxes(k.detach().numpy(), -1, -2))
-                                   / math.sqrt(q.shape[-1])), "cut off from autograd"),
-    (lambda q, k: torch.from_numpy(np.matmul(q.numpy(), np.swapaxes(k.numpy(), -1, -2)) / math.sqrt(q.shape[-1])),
-     "a detour through NumPy"),
-    (lambda q, k: q @ k.detach().transpose(-2, -1) / math.sqrt(q.shape[-1]), "flow back through them to k"),
-]
+@pytest.mark.parametrize("sizes", [{}, {"seed": 1, "H": 3, "Dh": 4}, {"seed": 2, "H": 2, "Dh": 9}])
+def test_check_head_scale_runs_accepts_a_right_answer_written_otherwise(sizes, capsys):
+    check_head_scale_runs(_head_runs_written_otherwise, **sizes)
+    assert capsys.readouterr().out.count("all checks passed") == 1
 
 
-@pytest.mark.parametrize(("buggy", "fragment"), SCALED_SCORE_BUGS)
-def test_check_scaled_scores_names_the_bug(buggy, fragment):
+def test_check_head_scale_runs_names_swapped_runs_without_saying_which_trains_faster():
+    from buggy_answers import BUGGY
+
+    namespace = {"torch": torch, "math": math}
+    exec(BUGGY["04_scaling"]["head_scale_runs"], namespace)  # noqa: S102 - test fixture code
     with pytest.raises(CheckError) as err:
-        check_scaled_scores(buggy)
-    assert fragment in str(err.value)
-    assert_no_answer_in(str(err.value), NOTEBOOK_04_CODE)
+        check_head_scale_runs(namespace["head_scale_runs"])
+    message = str(err.value)
+    assert "swapped" in message, message
+    assert not re.search(r"faster|slower|fewer|more steps", message), message
+    assert_no_answer_in(message, solution=("04_scaling", "head_scale_runs"))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -751,7 +749,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from course_utils import checks  # noqa: E402
 from course_utils.blocks import decoding, gpt, multihead, positional, transformer  # noqa: E402
-from course_utils.experiments import efficiency, embeddings  # noqa: E402
+from course_utils.experiments import efficiency, embeddings, scaling  # noqa: E402
 
 STEM = dict((grade_id, stem) for stem, grade_id in exercises())
 FUNCTIONS = list(STEM)  # every exercise writes a function
@@ -796,7 +794,7 @@ REFERENCES = {
     "scaled_dot_product_attention": attention.scaled_dot_product_attention,
     "top_keys": embeddings.top_keys,
     "attention_entropy": attention.attention_entropy,
-    "scaled_scores": attention.scaled_scores,
+    "head_scale_runs": scaling.head_scale_runs,
     "split_heads": multihead.split_heads,
     "merge_heads": multihead.merge_heads,
     "multi_head_attention": multihead.multi_head_attention,

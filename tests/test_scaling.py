@@ -89,3 +89,31 @@ def test_start_scale_gives_the_start_of_the_other_scale_and_keeps_the_factor():
     assert matched.initial.query_norm == pytest.approx(scaled.initial.query_norm / 8, rel=1e-5)  # q starts 8x shorter
     assert matched.losses[0] == pytest.approx(scaled.losses[0], rel=1e-5)  # the same first step ...
     assert matched.losses[1] != pytest.approx(scaled.losses[1], rel=1e-6)  # ... then the factor differs
+
+
+def test_the_multi_head_recall_model_is_one_recall_model_per_slice():
+    """Head h attends with slice h of q and k and reads slice h of v; with one head it is the RecallModel."""
+    config = scaling.RecallConfig(Dk=12, Dv=8, D=10, steps=2, test_size=50)
+    torch.manual_seed(0)
+    model = scaling.MultiHeadRecallModel(config, scale=0.3, heads=4)
+    keys, values, query, _ = scaling.make_recall_batch(config, 5, torch.Generator().manual_seed(1))
+    logits, weights = model(keys, values, query, return_weights=True)
+    q, k, v = model.project(keys, values, query)  # (B, 1, 12), (B, S, 12), (B, S, 8)
+    contexts = []
+    for h in range(4):
+        w = torch.softmax(q[..., 3 * h:3 * h + 3] @ k[..., 3 * h:3 * h + 3].transpose(-2, -1) * 0.3, dim=-1)
+        torch.testing.assert_close(weights[:, h], w)
+        contexts.append((w @ v[..., 2 * h:2 * h + 2])[:, 0])
+    torch.testing.assert_close(logits, model.out_proj(torch.cat(contexts, dim=-1)))
+    single = scaling.MultiHeadRecallModel(config, scale=0.3, heads=1)
+    plain = scaling.RecallModel(config, scale=0.3)
+    plain.load_state_dict(single.state_dict())
+    torch.testing.assert_close(single(keys, values, query), plain(keys, values, query))
+
+
+def test_attention_stats_average_over_heads():
+    config = scaling.RecallConfig(Dk=16, Dv=16, D=16, steps=2, test_size=64)
+    one = scaling.train_recall(config, seed=0, scale=0.25)
+    four = scaling.train_recall(config, seed=0, scale=0.25, heads=4)
+    assert four.initial.query_norm == pytest.approx(one.initial.query_norm / 2, rel=0.2)  # a quarter of the width
+    assert abs(four.initial.right_weight - 1 / 16) < 0.02 and 1 / 16 < four.initial.max_weight < 1

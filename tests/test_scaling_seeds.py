@@ -8,7 +8,9 @@ steps from either start, more from its own). The lab book
 (notebooks/lab/04_scaling_lab.ipynb) runs seeds 0-2, and the same crossing at
 Dk = 256 between the scaled and the unscaled model. This test trains seeds 1
 and 2 exactly as those cells do and checks the same claims, so that they are
-tested even where the lab book is not run.
+tested even where the lab book is not run. Section 7 trains the recall model
+with 2 and 8 heads on seed 0, each head's scores divided by sqrt(Dh) and by
+sqrt(D); the second test checks its claims on seeds 1 and 2.
 """
 
 from __future__ import annotations
@@ -56,3 +58,16 @@ def test_a_broad_optimum_and_the_step_factor_against_the_start(seed):
     unscaled_start = _steps(scaling.train_recall(wide, scaled=True, seed=seed, start_scale=1.0))
     assert None not in (scaled, unscaled_steps, unscaled_start)
     assert scaled < min(unscaled_steps, unscaled_start) and unscaled_start > unscaled_steps
+
+
+@pytest.mark.slow
+@pytest.mark.evidence("04", "seeds 1 and 2 (seed 0 runs in the lecture): with D = 64 split into 2 and into 8 heads, "
+                            "dividing each head's scores by sqrt(D) instead of sqrt(Dh) costs steps, more than twice "
+                            "as many with 8 heads as with 2")
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_model_width_scale_costs_steps_and_more_with_more_heads(seed):
+    config = replace(scaling.RecallConfig(), D=64, Dk=64)  # the lecture's heads_config
+    n = {H: {name: _steps(run) for name, run in scaling.head_scale_runs(config, H, seed).items()} for H in (2, 8)}
+    assert all(None not in steps.values() for steps in n.values()), n
+    gap = {H: steps["model width"] - steps["head width"] for H, steps in n.items()}
+    assert gap[2] > 0 and gap[8] > 2 * gap[2], n

@@ -80,7 +80,7 @@ from course_utils.checks.scaling import (
     check_attention_entropy,
     check_attention_scale,
     check_saturation_width,
-    check_scaled_scores,
+    check_head_scale_runs,
 )
 from course_utils.checks.self_attention import (
     check_scaled_dot_product_attention,
@@ -131,7 +131,7 @@ __all__ = [
     "check_padding_mask_for",
     "check_pairwise_scores",
     "check_scaled_dot_product_attention",
-    "check_scaled_scores",
+    "check_head_scale_runs",
     "check_saturation_width",
     "check_split_heads",
     "check_tensor",

@@ -1,9 +1,12 @@
-"""Checkers for notebook 04: attention entropy, per-head scaled scores, the effective scale of attention code.
+"""Checkers for notebook 04: attention entropy, the saturation width, the per-head scale trained, the effective
+scale of attention code.
 
-Each checker runs the learner's function forward and backward: a function
-whose values are right but whose gradient is NaN, inf or missing (a detour
-through NumPy, a ``.detach()``) would break the training that uses it.
-Messages name the likely bug; they never show the solution's code.
+A checker of a function that computes tensors runs it forward and backward: a
+function whose values are right but whose gradient is NaN, inf or missing (a
+detour through NumPy, a ``.detach()``) would break the training that uses it.
+The two measurements (exercises 2 and 3) are compared with the reference
+measurement on the same draws, or the same seed and settings. Messages name
+the likely bug; they never show the solution's code.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import torch
 from course_utils.blocks import attention, masks
 from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
                                      shape_cases, sweep)
-from course_utils.experiments.scaling import saturation_width
+from course_utils.experiments import scaling
+from course_utils.experiments.scaling import RecallConfig, RecallResult, saturation_width
 from course_utils.core.errors import CheckError
 from course_utils.checks.flow import exercise_check
 
@@ -102,68 +106,101 @@ def _entropy_once(fn: Callable[[torch.Tensor], Any], seed: int, lead: tuple[int,
                                "the term as 0. Through the softmax, a NaN at one masked key reaches every score")
 
 
-@exercise_check
-def check_scaled_scores(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int = 0, B: int = 2, H: int = 4,
-                        T: int = 3, S: int = 5, Dh: int = 6) -> None:
-    """Check a learner's ``scaled_scores(q, k) -> (B, H, T, S)`` (notebook 04, exercise 3).
+# --- exercise 3: an experiment, graded against the reference experiment on the same seed and settings ---------
 
-    Forward: the values, with the usual wrong scales recognised. Backward: the
-    gradients with respect to q and k must exist, be finite and be right. At the
-    sizes asked for, then at B = 1, H = 1 and sizes that all differ.
+_RUNS = ("head width", "model width")
+
+
+def _small_recall(width: int) -> RecallConfig:
+    """A recall task small enough to train twice in a check: queries, keys, values and embeddings ``width`` wide."""
+    return RecallConfig(Dk=width, Dv=width, D=width, num_pairs=5, num_keys=12, num_values=10, batch_size=16, steps=6,
+                        lr=1e-2, test_size=40)
+
+
+def _same_run(run: Any, reference: RecallResult) -> bool:
+    losses = getattr(run, "losses", None)
+    return (isinstance(losses, list) and len(losses) == len(reference.losses)
+            and all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(losses, reference.losses)))
+
+
+@exercise_check
+def check_head_scale_runs(fn: Callable[..., Any], seed: int = 0, H: int = 4, Dh: int = 6) -> None:
+    """Check a learner's ``head_scale_runs(config, H, seed) -> {"head width": run, "model width": run}`` (04, ex. 3).
+
+    An experiment, graded against the reference experiment: on a small recall
+    task (a few steps, queries ``H * Dh`` wide), each of the learner's runs is
+    compared, loss by loss, with the reference's run at the same seed and
+    settings, at ``seed`` and at ``seed + 1``. A run that is another experiment is named: the two runs swapped,
+    a run with no scale, with the scale applied twice (divided by the width,
+    not its square root), with the divisor passed as the factor, with a factor
+    of another width (the number of heads), with one head, or from another
+    seed. The sizes are chosen so that these factors all differ. The message
+    never says which run trains faster.
 
     Raises:
-        CheckError: Naming the likely bug, in particular a scale by the model
-            width D = H · Dh instead of the per-head key width Dh.
+        CheckError: Naming the likely bug.
     """
     __tracebackhide__ = True  # noqa: F841
-    with reference_guard(fn, attention.scaled_scores):
-        sweep(lambda B, H, T, S, Dh: _scaled_scores_once(fn, seed, B, H, T, S, Dh),
-              shape_cases({"B": B, "H": H, "T": T, "S": S, "Dh": Dh}, ones=("B", "H"),
-                          distinct={"B": 2, "H": 4, "T": 3, "S": 5, "Dh": 6}))
-    passed("scaled_scores")
+    config = _small_recall(H * Dh)
+    for run_seed in (seed, seed + 1):  # two seeds: the runs must follow the seed passed in
+        with reference_guard(fn, scaling.head_scale_runs):
+            got = call(fn, config, H, run_seed, name="head_scale_runs",
+                       expected='a dict {"head width": run, "model width": run} of the runs train_recall returns')
+        if not isinstance(got, dict) or set(got) != set(_RUNS):
+            keys = sorted(got) if isinstance(got, dict) else None
+            raise CheckError(f"head_scale_runs returned "
+                             f"{describe(got) if keys is None else f'a dict with the keys {keys}'}"
+                             ': return a dict with exactly the two keys "head width" and "model width"')
+        for name in _RUNS:
+            if not isinstance(getattr(got[name], "losses", None), list):
+                raise CheckError(f"got[{name!r}] is {describe(got[name])}: each value is the run that train_recall "
+                                 "returns (a RecallResult), not its steps to learn, its losses or the model")
+        reference = scaling.head_scale_runs(config, H, run_seed)
+        for name in _RUNS:
+            if not _same_run(got[name], reference[name]):
+                raise CheckError(_which_run(got, name, config, H, Dh, run_seed))
+    passed("head_scale_runs")
 
 
-def _scaled_scores_once(fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int, B: int, H: int, T: int, S: int,
-                        Dh: int) -> None:
+def _which_run(got: dict[str, Any], name: str, config: RecallConfig, H: int, Dh: int, seed: int) -> str:
+    """What the learner's run ``name`` is, among the runs the usual mistakes give."""
     __tracebackhide__ = True  # noqa: F841
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, T, Dh, generator=g)
-    k = torch.randn(B, H, S, Dh, generator=g)
-    copies = (q.clone(), k.clone())
-    got = call(fn, q, k, name="scaled_scores", expected=f"scores of shape (B, H, T, S) = {(B, H, T, S)}")
-    if not (torch.equal(q, copies[0]) and torch.equal(k, copies[1])):
-        raise CheckError("scaled_scores changed q or k in place: use out-of-place operations")
-    expected = attention.scaled_scores(q, k)
-    raw = q @ k.transpose(-2, -1)
     D = H * Dh
-    suspects = {
-        "the scores were not scaled: with unit-variance components, a dot product's variance is the number of "
-        "terms it sums, not 1": raw,
-        f"the scores were scaled by the model width D = H · Dh = {D}, but each head's dot product sums over its own "
-        f"Dh = {Dh} numbers only": raw / D**0.5,
-        f"the scores were divided by Dh = {Dh}, not by its square root": raw / Dh,
-        "the scores were multiplied by sqrt(Dh) instead of divided by it": raw * Dh**0.5,
-        f"the scores were scaled by the number of heads, H = {H}: it does not enter a head's dot product": raw / H**0.5,
-        f"the scores were scaled by the number of queries, T = {T}: it does not enter a dot product": raw / T**0.5,
-        f"the scores were scaled by the number of keys, S = {S}: a dot product sums over the features of one query "
-        "and one key (the last axis of q and k), not over the keys": raw / S**0.5,
-        f"the scores were scaled by the batch size, B = {B}: it does not enter a dot product": raw / B**0.5,
+    right = {"head width": Dh**-0.5, "model width": D**-0.5}
+    other = _RUNS[1 - _RUNS.index(name)]
+    factors = {  # a factor on every head's scores -> what it is, in words
+        right[other]: f"the factor of the {other!r} run",
+        1.0: "1: the scores were not scaled at all",
+        1 / Dh: f"1/Dh = 1/{Dh}: divided by Dh itself, not by its square root (or the scale applied twice)",
+        1 / D: f"1/D = 1/{D}: divided by the width itself, not by its square root (or the scale applied twice)",
+        Dh**0.5: "sqrt(Dh): `scale=` is the factor that multiplies the scores, and this passed the divisor",
+        D**0.5: "sqrt(D): `scale=` is the factor that multiplies the scores, and this passed the divisor",
+        H**-0.5: f"1/sqrt(H) = 1/sqrt({H}): the number of heads does not enter a head's dot product",
+        1 / H: f"1/H = 1/{H}: the number of heads does not enter a head's dot product",
     }
-    if isinstance(got, torch.Tensor) and got.shape == raw.shape and got.dtype == raw.dtype:
-        factor = ((got.detach() * raw).sum() / (raw * raw).sum()).item()  # the best single factor: got = factor * raw?
-        if factor > 0:
-            divisor = factor**-2
-            suspects[f"the scores are q k^T scaled by 1/sqrt({divisor:.3g}), and {divisor:.3g} is none of the sizes "
-                     "of q and k here (B, H, T, S, Dh): a fixed number? The scale depends on the width of one head's "
-                     "queries and keys, the last axis of q and k, which changes from call to call"] = factor * raw
-    hints = {
-        (B, H, S, T): "keys by queries: did you compute k @ q^T? Queries index the rows of the scores",
-        (B, H, T, Dh): "that is the shape of q: the dot product sums over Dh",
-    }
-    check_close(got, expected, name="scores", shape="B H T S", dims={"B": B, "H": H, "T": T, "S": S}, hints=hints,
-                suspects=suspects, hint="it is none of the usual mistakes: check the product and the scale separately")
-    check_gradients(fn, (q, k), attention.scaled_scores, name="scaled_scores", wrt={0: "q", 1: "k"},
-                    what="the scores", seed=seed)
+    run = got[name]
+    where = f'got[{name!r}] (H = {H}, Dh = {Dh}, D = H · Dh = {D}, seed = {seed})'
+    for factor, words in factors.items():
+        if _same_run(run, scaling.train_recall(config, seed=seed, scale=factor, heads=H)):
+            if factor == right[other] and _same_run(got[other], scaling.train_recall(config, seed=seed,
+                                                                                      scale=right[name], heads=H)):
+                return (f"the two runs are swapped: got[{name!r}] is the {other!r} experiment and the other way round. "
+                        "Check which width each key names")
+            return f"{where} multiplies every head's scores by {words}"
+    if _same_run(run, scaling.train_recall(config, seed=seed, scale=right[name])):
+        return (f"{where} trained a model with one head: both runs must train the model split into H heads, so that "
+                "each head's dot products sum over its own Dh numbers")
+    if seed != 0 and _same_run(run, scaling.train_recall(config, seed=0, scale=right[name], heads=H)):
+        return (f"{where} is the run of seed 0, not of the seed passed in: pass `seed` on, so that both runs start "
+                "from the same weights and see the same batches as the reference's")
+    losses = getattr(run, "losses", [])
+    reference = scaling.train_recall(config, seed=seed, scale=right[name], heads=H).losses
+    if len(losses) != len(reference):
+        return (f"{where} has {len(losses)} losses, not one per training step of `config`: train with the config "
+                "passed in, unchanged")
+    first = next(i for i, (a, b) in enumerate(zip(losses, reference)) if abs(a - b) > 1e-5 * max(1.0, abs(b)))
+    return (f"{where} is none of the usual mistakes: its losses leave the reference experiment's at step {first + 1}. "
+            "Check the model (H heads), the factor on the scores, the seed and the config, each as passed in")
 
 
 @exercise_check

@@ -316,6 +316,29 @@ class RecallModel(torch.nn.Module):
         return (logits, weights) if return_weights else logits
 
 
+class MultiHeadRecallModel(RecallModel):
+    """A ``RecallModel`` whose queries, keys and values are split into ``heads`` heads (notebook 04, section 7).
+
+    Head h attends with slice h of the query and keys (width Dh = Dk / H) and
+    reads slice h of the values; the heads' outputs are concatenated into the
+    classifier, as in multi-head attention (notebook 05). ``scale`` multiplies
+    every head's scores.
+    """
+
+    def __init__(self, config: RecallConfig, scale: float, heads: int) -> None:
+        super().__init__(config, scale)
+        self.heads = heads
+
+    def forward(self, keys: torch.Tensor, values: torch.Tensor, query: torch.Tensor,
+                return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, num_values); with ``return_weights`` also the weights (B, H, 1, S)."""
+        q, k, v = self.project(keys, values, query)  # (B, 1, Dk), (B, S, Dk), (B, S, Dv)
+        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in (q, k, v))  # (B, H, n, width / H)
+        context, weights = scaled_dot_product_attention(q, k, v, scale=self.scale)  # (B, H, 1, Dv/H), (B, H, 1, S)
+        logits = self.out_proj(context[:, :, 0].flatten(1))  # (B, H, Dv / H) -> (B, Dv) -> (B, num_values)
+        return (logits, weights) if return_weights else logits
+
+
 @dataclass(frozen=True)
 class AttentionStats:
     """What one attention step of a ``RecallModel`` does on held-out examples (means over them)."""
@@ -328,13 +351,15 @@ class AttentionStats:
 
 
 def attention_stats(model: RecallModel, batch: tuple[torch.Tensor, ...]) -> AttentionStats:
-    """``AttentionStats`` of ``model`` on ``batch`` = (keys, values, query, target)."""
+    """``AttentionStats`` of ``model`` on ``batch`` = (keys, values, query, target); with heads, means over them too."""
     keys, values, query, _ = batch
+    H = getattr(model, "heads", 1)  # a MultiHeadRecallModel's number of heads; a RecallModel has one
     with torch.no_grad():
         q, k, _ = model.project(keys, values, query)  # (B, 1, Dk), (B, S, Dk)
-        scores = q @ k.transpose(-2, -1) * model.scale  # (B, 1, Dk) @ (B, Dk, S) -> (B, 1, S)
-        weights = torch.softmax(scores, dim=-1)[:, 0]  # (B, S)
-        right = weights[keys == query[:, None]]  # (B,): weight on the asked pair (keys are distinct)
+        q, k = (t.unflatten(-1, (H, -1)).transpose(1, 2) for t in (q, k))  # (B, H, 1, Dh), (B, H, S, Dh)
+        scores = q @ k.transpose(-2, -1) * model.scale  # (B, H, 1, Dh) @ (B, H, Dh, S) -> (B, H, 1, S)
+        weights = torch.softmax(scores, dim=-1)[:, :, 0]  # (B, H, S)
+        right = weights.transpose(0, 1)[:, keys == query[:, None]]  # (H, B): weight on the asked pair (keys distinct)
     return AttentionStats(query_norm=q.norm(dim=-1).mean().item(), key_norm=k.norm(dim=-1).mean().item(),
                           score_std=scores.std().item(), max_weight=weights.amax(dim=-1).mean().item(),
                           right_weight=right.mean().item())
@@ -363,7 +388,7 @@ def steps_to_learn(losses: Sequence[float], threshold: float = 1.0, window: int 
 
 
 def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, seed: int = 0,
-                 scale: float | None = None, start_scale: float | None = None) -> RecallResult:
+                 scale: float | None = None, start_scale: float | None = None, heads: int = 1) -> RecallResult:
     """Train a ``RecallModel`` with or without the 1/sqrt(Dk) scale.
 
     With the same seed, all variants start from the same weights and see the
@@ -377,6 +402,7 @@ def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, see
         start_scale: If given, the query projection starts multiplied by ``start_scale / scale``, so that
             the model starts with exactly the scores of a model whose scale is ``start_scale``; only the
             scale that multiplies every later step differs (the controls of notebook 04, section 6).
+        heads: Split the attention into this many heads (a ``MultiHeadRecallModel``, notebook 04, section 7).
 
     Returns:
         A ``RecallResult``.
@@ -384,7 +410,7 @@ def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, see
     torch.manual_seed(seed)
     if scale is None:
         scale = 1.0 / math.sqrt(config.Dk) if scaled else 1.0
-    model = RecallModel(config, scale=scale)
+    model = RecallModel(config, scale=scale) if heads == 1 else MultiHeadRecallModel(config, scale, heads)
     if start_scale is not None:
         with torch.no_grad():
             for p in model.q_proj.parameters():  # the same initial scores as a model with scale start_scale
@@ -403,3 +429,18 @@ def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, see
         accuracy = (model(*test[:3]).argmax(dim=-1) == test[3]).float().mean().item()
     return RecallResult(losses=list(result.losses), accuracy=accuracy, initial=initial,
                         final=attention_stats(model, test))
+
+
+def head_scale_runs(config: RecallConfig, H: int, seed: int = 0) -> dict[str, RecallResult]:
+    """Notebook 04, exercise 3: the recall model with H heads, trained with each head's scores scaled two ways.
+
+    Both runs start from the same weights and see the same batches (``train_recall`` with ``seed``). In
+    "head width", every head's scores are multiplied by 1/sqrt(Dh), the width of one head's queries and keys
+    (Dh = Dk / H); in "model width", by 1/sqrt(Dk), the width of the whole query before it is split.
+
+    Returns:
+        ``{"head width": run, "model width": run}``.
+    """
+    Dh = config.Dk // H  # the width of one head's queries and keys
+    return {"head width": train_recall(config, seed=seed, scale=1 / math.sqrt(Dh), heads=H),
+            "model width": train_recall(config, seed=seed, scale=1 / math.sqrt(config.Dk), heads=H)}
