@@ -820,6 +820,12 @@ NEW_KINDS = {
          "    squares = [0.0] * n\n    for name, g in grads.items():\n        if g is not None:\n"
          "            squares[int(name.split('.')[0])] += float((g ** 2).sum())\n"
          "    return [math.sqrt(s) for s in squares]\n", "still has its place"),
+        # issue 37: one entry per block named in grads, num_layers ignored (passed while every block had a name there)
+        ("a list of the blocks named in grads", "def gradient_norm_per_block(grads, num_layers):\n"
+         "    blocks = sorted({int(name.split('.')[0]) for name in grads})\n"
+         "    return [math.sqrt(sum(float((g ** 2).sum()) for name, g in grads.items()\n"
+         "                          if g is not None and int(name.split('.')[0]) == block)) for block in blocks]\n",
+         "still has its place"),
         ("calls the reference", "def gradient_norm_per_block(grads, num_layers):\n"
          "    from course_utils.experiments.deep_stacks import gradient_norm_per_block as reference\n"
          "    return reference(grads, num_layers)\n", "calls the course's reference"),

@@ -13,10 +13,11 @@ from course_utils.core.errors import CheckError
 from course_utils.checks.flow import exercise_check
 
 
-def _stack_gradients(seed: int, N: int, D: int, unused: bool,
-                     without: tuple[int, ...] = ()) -> dict[str, torch.Tensor | None]:
+def _stack_gradients(seed: int, N: int, D: int, unused: bool, without: tuple[int, ...] = (),
+                     absent: tuple[int, ...] = ()) -> dict[str, torch.Tensor | None]:
     """The gradients of a random stack of N encoder blocks, named as nn.ModuleList names them; ``unused``: some
-    gradients None; ``without``: the blocks whose gradients are all None (a block the loss does not depend on)."""
+    gradients None; ``without``: the blocks whose gradients are all None (a block the loss does not depend on);
+    ``absent``: the blocks with no entry in the dict at all."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         stack = torch.nn.ModuleList(transformer.TransformerEncoderBlock(D, 2, 2 * D, norm_first=bool(k % 2))
@@ -33,7 +34,7 @@ def _stack_gradients(seed: int, N: int, D: int, unused: bool,
     for name in grads:
         if int(name.split(".")[0]) in without:
             grads[name] = None
-    return grads
+    return {name: g for name, g in grads.items() if int(name.split(".")[0]) not in absent}
 
 
 def _gradient_suspects(grads: dict[str, torch.Tensor | None], N: int) -> dict[str, list[float]]:
@@ -67,8 +68,8 @@ def _gradient_suspects(grads: dict[str, torch.Tensor | None], N: int) -> dict[st
 
 
 _SKIPPED = "a block without a gradient (every gradient of its parameters None) lost its place in the list:"
-_PLACES = ("a block without a gradient (every gradient of its parameters None) still has its place in the list, "
-           "with the norm 0. The list has num_layers entries, block k at index k, whichever blocks appear with a "
+_PLACES = ("a block without a gradient (every gradient of its parameters None, or no entry in grads at all) still "
+           "has its place in the list, with the norm 0. The list has num_layers entries, block k at index k, whichever blocks appear with a "
            "gradient in grads")
 
 
@@ -81,7 +82,9 @@ def check_gradient_norm_per_block(fn: Callable[..., Any], seed: int = 0, N: int 
     with N >= 11 a name's prefix is ambiguous. Then the same with some gradients None,
     then with N = 4 in which blocks 1 and 3 have no gradient at all (every gradient of
     theirs None: their norms are 0, at their places, and the list still has num_layers
-    entries, the last block's included), and with N = 1.
+    entries, the last block's included), with N = 3 in which block 1 has no entry in ``grads``
+    at all (its norm is 0, at its place: the list is built from num_layers, not from the names
+    present), and with N = 1.
 
     Raises:
         CheckError: Naming the likely bug.
@@ -89,13 +92,16 @@ def check_gradient_norm_per_block(fn: Callable[..., Any], seed: int = 0, N: int 
     __tracebackhide__ = True  # noqa: F841
     from course_utils.experiments import deep_stacks
 
-    cases = [(f"a stack of {N} blocks", N, False, ()), (f"a stack of {N} blocks, some gradients None", N, True, ()),
+    cases = [(f"a stack of {N} blocks", N, False, (), ()),
+             (f"a stack of {N} blocks, some gradients None", N, True, (), ()),
              ("a stack of 4 blocks in which blocks 1 and 3 have no gradient (all their gradients None)", 4, False,
-              (1, 3)),
-             ("a stack of 1 block", 1, False, ())]
+              (1, 3), ()),
+             ("a stack of 3 blocks in which block 1 has no entry in grads at all", 3, False, (), (1,)),
+             ("a stack of 1 block", 1, False, (), ())]
     with reference_guard(fn, deep_stacks.gradient_norm_per_block):
-        for description, n, unused, without in cases:
-            grads = _stack_gradients(seed, n, D, unused, without)
+        for description, n, unused, without, absent in cases:
+            grads = _stack_gradients(seed, n, D, unused, without, absent)
+            without = without + absent  # blocks whose norm is 0
             copies = {name: None if g is None else g.clone() for name, g in grads.items()}
             expected = deep_stacks.gradient_norm_per_block(grads, n)
             got = call(fn, grads, n, name="gradient_norm_per_block", expected=f"a list of {n} floats, one per block",

@@ -159,6 +159,39 @@ class ReversalStack(nn.Module):
         return self.out(self.final_norm(h))  # (B, T, D) -> (B, T, V)
 
 
+def step_sizes(optimizer_class: type[torch.optim.Optimizer], config: WarmupConfig, steps: int = 30, seed: int = 0,
+               **options: object) -> tuple[list[float], list[float]]:
+    """The first steps of an optimizer on a post-LN :class:`ReversalStack` without warm-up (notebook 08, section 4).
+
+    Args:
+        optimizer_class: e.g. ``torch.optim.Adam`` or ``torch.optim.RAdam``.
+        config: The task and its settings (learning rate ``config.lr``, clipping ``config.grad_clip``).
+        steps: Optimizer steps to take.
+        seed: Seed for the weights and the batches.
+        **options: Passed on to the optimizer, e.g. ``betas=(0.0, 0.999)``.
+
+    Returns:
+        Two lists of ``steps`` floats: the mean absolute change of a parameter entry at each step, in units
+        of the learning rate; and the norm of the whole gradient at each step, before clipping.
+    """
+    torch.manual_seed(seed)
+    model = ReversalStack(config, norm_first=False)
+    optimizer = optimizer_class(model.parameters(), lr=config.lr, **options)
+    batches = torch.Generator().manual_seed(seed)
+    sizes, norms = [], []
+    for _ in range(steps):
+        x, y = reversal_batch(config, config.batch_size, batches)  # (B, T) each
+        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        norms.append(float(nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)))  # norm before clipping
+        before = torch.cat([p.detach().flatten() for p in model.parameters()])  # every entry, one vector
+        optimizer.step()
+        after = torch.cat([p.detach().flatten() for p in model.parameters()])
+        sizes.append(((after - before).abs().mean() / config.lr).item())
+    return sizes, norms
+
+
 def train_reversal_stack(norm_first: bool, config: WarmupConfig = WarmupConfig(), seed: int = 0,
                          eval_at: tuple[int, ...] = ()) -> StackRun:
     """Train a post-LN or pre-LN stack to reverse sequences, with or without a learning-rate warm-up (notebook 08).
