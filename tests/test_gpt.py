@@ -347,11 +347,17 @@ def test_shipped_checkpoints_match_the_readme_and_load_as_a_gpt(name):
 
 
 def test_repeated_segments_repeat_the_segment_after_a_gap_and_mark_the_copyable_positions():
-    tokens, copyable = lm.repeated_segments(50, 5, 4, 7, torch.Generator().manual_seed(0))
-    assert tokens.shape == (50, 15) and copyable.shape == (50, 14) and (copyable.sum(1) == 4).all()
-    gaps = set()
-    for row, marks in zip(tokens, copyable):
-        start = int(marks.nonzero()[0])  # the second copy's first position
-        gaps.add(start - 5)
-        assert torch.equal(row[start:start + 5], row[:5])
+    tokens, copyable, lag = lm.repeated_segments(1000, 5, 4, 20, 7, torch.Generator().manual_seed(0))
+    assert tokens.shape == (1000, 21) and copyable.shape == (1000, 20) and lag.shape == (1000,)
+    assert (copyable.sum(1) == 4).all()
+    gaps, firsts = set(), set()
+    for row, marks, distance in zip(tokens, copyable, lag.tolist()):
+        second = int(marks.nonzero()[0])  # the second copy's first position
+        first = second - distance
+        gaps.add(distance - 5)
+        firsts.add(first)
+        assert first >= 0 and torch.equal(row[second:second + 5], row[first:first + 5])
+        queries = marks.nonzero().flatten()
+        assert torch.equal(row[queries - distance + 1], row[queries + 1]), "the induction position holds the next token"
     assert gaps == set(range(5)), "every gap from 0 to max_gap occurs"
+    assert firsts == set(range(12)), "the first copy starts anywhere from 0 to length + 1 - 2 n"

@@ -272,42 +272,46 @@ def make_checkpoint(path: str | Path, steps: int = 500, batch_size: int = 16, nu
     return evaluate(model, evaluation_windows(val_ids, 64))
 
 
-def repeated_segments(batch_size: int, n: int, max_gap: int, vocab_size: int,
-                      generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def repeated_segments(batch_size: int, n: int, max_gap: int, length: int, vocab_size: int,
+                      generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random tokens in which a segment of ``n`` tokens comes back after a random gap (notebook 11, induction heads).
 
-    Each row holds ``n`` random tokens, a gap of 0 to ``max_gap`` random tokens, the same ``n`` tokens again,
-    then random tokens up to the fixed length ``2 n + max_gap + 1``. Only a model that finds the earlier
-    occurrence of the current token and reads what followed it can predict the second copy: the gap moves it.
+    Each row holds ``length + 1`` random tokens. A segment of ``n`` of them, starting at a random position, comes
+    back after a gap of 0 to ``max_gap`` random tokens. The start and the gap are drawn for each row, so neither the
+    positions of the copies nor the distance between them is fixed: only a model that finds the earlier occurrence
+    of the current token and reads what followed it can predict the second copy.
 
     Returns:
-        ``(tokens, copyable)``: tokens (B, 2n + max_gap + 1) int64; copyable (B, 2n + max_gap) bool, True at
-        the positions whose next token is the copy of a known one (the second copy's first n - 1 positions).
+        ``(tokens, copyable, lag)``: tokens (B, length + 1) int64; copyable (B, length) bool, True at the positions
+        whose next token is the copy of a known one (the second copy's first n - 1 positions); lag (B,) int64, how
+        far the second copy sits after the first (n + gap), so that query i's induction position is i - lag + 1.
     """
-    T = 2 * n + max_gap
-    tokens = torch.randint(0, vocab_size, (batch_size, T + 1), generator=generator)  # (B, T + 1)
+    tokens = torch.randint(0, vocab_size, (batch_size, length + 1), generator=generator)  # (B, T + 1)
     gaps = torch.randint(0, max_gap + 1, (batch_size,), generator=generator)  # (B,)
-    copyable = torch.zeros(batch_size, T, dtype=torch.bool)  # (B, T)
-    for b, gap in enumerate(gaps.tolist()):
-        start = n + gap  # where the second copy begins
-        tokens[b, start:start + n] = tokens[b, :n]
-        copyable[b, start:start + n - 1] = True  # from the second copy's first token on, the next one is known
-    return tokens, copyable
+    last_start = length + 1 - 2 * n - gaps  # (B,): the latest start at which both copies still fit
+    starts = (torch.rand(batch_size, generator=generator) * (last_start + 1)).long()  # (B,): 0 .. last_start
+    copyable = torch.zeros(batch_size, length, dtype=torch.bool)  # (B, T)
+    for b, (start, gap) in enumerate(zip(starts.tolist(), gaps.tolist())):
+        second = start + n + gap  # where the second copy begins
+        tokens[b, second:second + n] = tokens[b, start:start + n]
+        copyable[b, second:second + n - 1] = True  # from the second copy's first token on, the next one is known
+    return tokens, copyable, n + gaps
 
 
 @dataclass(frozen=True)
 class InductionConfig:
     """A two-block model trained on repeated random segments (notebook 11)."""
 
-    steps: int = 1200  # optimizer steps (COURSE_UTILS_SMOKE=1: 3)
+    steps: int = 1500  # optimizer steps (COURSE_UTILS_SMOKE=1: 3)
     batch_size: int = 64  # B sequences per step
     n: int = 8  # length of the repeated segment
     max_gap: int = 8  # the gap between the two copies: 0 .. max_gap random tokens
+    length: int = 24  # T, the tokens a model reads (the copies start at random; 2 n + max_gap <= T + 1)
     vocab_size: int = 32  # V, random tokens
     d_model: int = 32  # D
     num_heads: int = 2  # H
     lr: float = 3e-3  # constant after a warm-up of 30 steps; AdamW without weight decay, clipping at 1
-    eval_every: int = 25  # steps between two measurements of the loss on the copyable positions
+    eval_every: int = 50  # steps between two measurements of the loss on the copyable positions
     seed: int = 0  # the model's initial weights and the sequences drawn
 
 
@@ -326,17 +330,19 @@ def train_on_repeats(config: InductionConfig, label: str = "induction") -> tuple
         The model (eval mode), the steps at which the loss was measured, and that loss on 256 held-out sequences.
     """
     torch.manual_seed(config.seed)
-    model = GPT(GPTConfig(vocab_size=config.vocab_size, max_len=2 * config.n + config.max_gap, d_model=config.d_model,
+    model = GPT(GPTConfig(vocab_size=config.vocab_size, max_len=config.length, d_model=config.d_model,
                           num_heads=config.num_heads, num_layers=2, d_ff=4 * config.d_model, dropout=0.0))
     generator = torch.Generator().manual_seed(config.seed)
-    test = repeated_segments(256, config.n, config.max_gap, config.vocab_size, torch.Generator().manual_seed(10_000))
+    test = repeated_segments(256, config.n, config.max_gap, config.length, config.vocab_size,
+                             torch.Generator().manual_seed(10_000))[:2]
     optimizer = adamw_for(model, config.lr, weight_decay=0.0)
     steps, measured, losses = training_steps(config), [], []
     start = time.perf_counter()
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = warmup_cosine(step, steps, config.lr, 30, config.lr)  # min_lr = peak: constant after warm-up
-        tokens, _ = repeated_segments(config.batch_size, config.n, config.max_gap, config.vocab_size, generator)
+        tokens = repeated_segments(config.batch_size, config.n, config.max_gap, config.length, config.vocab_size,
+                                   generator)[0]
         loss = next_token_loss(model, tokens)  # every position; only the copyable ones can be learned
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
