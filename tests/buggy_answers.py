@@ -777,6 +777,26 @@ NEW_KINDS = {
          "calls the course's reference"),
     ],
     "layer_norm": [
+        # issue 36: written from what the text asks of each token (mean 0, variance var / (var + eps)), not from a
+        # formula on screen; each of these gets its own message
+        ("eps after the square root", "def layer_norm(x, weight, bias, eps=1e-5):\n    mean = x.mean(dim=-1, keepdim=True)\n"
+         "    std = ((x - mean) ** 2).mean(dim=-1, keepdim=True).sqrt()\n"
+         "    return (x - mean) / (std + eps) * weight + bias\n", "after the square root"),
+        ("no eps", "def layer_norm(x, weight, bias, eps=1e-5):\n    mean = x.mean(dim=-1, keepdim=True)\n"
+         "    variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)\n"
+         "    return (x - mean) / variance.sqrt() * weight + bias\n", "eps is missing"),
+        ("divided by the variance", "def layer_norm(x, weight, bias, eps=1e-5):\n    mean = x.mean(dim=-1, keepdim=True)\n"
+         "    variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)\n"
+         "    return (x - mean) / (variance + eps) * weight + bias\n", "divided by the variance itself"),
+        ("statistics over the tokens", "def layer_norm(x, weight, bias, eps=1e-5):\n    mean = x.mean(dim=-2, keepdim=True)\n"
+         "    variance = ((x - mean) ** 2).mean(dim=-2, keepdim=True)\n"
+         "    return (x - mean) / torch.sqrt(variance + eps) * weight + bias\n", "over the tokens"),
+        ("statistics over the whole tensor", "def layer_norm(x, weight, bias, eps=1e-5):\n    mean = x.mean()\n"
+         "    variance = ((x - mean) ** 2).mean()\n"
+         "    return (x - mean) / torch.sqrt(variance + eps) * weight + bias\n", "whole tensor"),
+        ("statistics over the batch, as batch normalisation", "def layer_norm(x, weight, bias, eps=1e-5):\n"
+         "    mean = x.mean(dim=0, keepdim=True)\n    variance = ((x - mean) ** 2).mean(dim=0, keepdim=True)\n"
+         "    return (x - mean) / torch.sqrt(variance + eps) * weight + bias\n", "across the batch"),
         ("unstable variance, E[x²] - E[x]²", "def layer_norm(x, weight, bias, eps=1e-5):\n"
          "    mean = x.mean(dim=-1, keepdim=True)\n    variance = (x * x).mean(dim=-1, keepdim=True) - mean ** 2\n"
          "    return (x - mean) / torch.sqrt(variance + eps) * weight + bias\n", "far from 0"),

@@ -146,7 +146,7 @@ LAYER_NORM_BUGS = [
     (lambda x, w, b, eps=1e-5: _normalise(x) + b, "the weight (gamma) is missing"),
     (lambda x, w, b, eps=1e-5: _normalise(x) * w, "the bias (beta) is missing"),
     (lambda x, w, b, eps=1e-5: _normalise(x) * w - b, "the bias (beta) is subtracted"),
-    (lambda x, w, b, eps=1e-5: (x - x.mean(-1, keepdim=True)) * w + b, "the mean, the variance, eps"),  # not divided
+    (lambda x, w, b, eps=1e-5: (x - x.mean(-1, keepdim=True)) * w + b, "its mean, its variance, where eps goes"),  # not divided
     (lambda x, w, b: _normalise(x) * w + b, "layer_norm raised TypeError"),
 ]
 

@@ -38,7 +38,7 @@ def check_layer_norm(fn: Callable[..., Any], seed: int = 0, B: int = 2, T: int =
     cases += [(f"(T, D) = {(T, D)} x, without a batch axis", {"B": None, "T": T, "D": D}, leading),
               (f"(B, H, T, D) = {(B, 2, T, D)} x, with one more leading axis", {"B": B, "T": T, "D": D, "H": 2},
                leading)]
-    ruled_out = "the exercise rules out nn.LayerNorm and F.layer_norm: write it yourself from section 1's equation"
+    ruled_out = "the exercise rules out nn.LayerNorm and F.layer_norm: write it yourself from what section 1 asks of it"
     with reference_guard(fn, transformer.layer_norm, ruled_out={F.layer_norm: ruled_out, torch.layer_norm: ruled_out}):
         sweep(lambda B, T, D, H=None: _layer_norm_once(fn, seed, tuple(n for n in (B, H) if n is not None), T, D),
               cases)
@@ -69,8 +69,20 @@ def _layer_norm_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T
             (x - mean) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5) * weight + bias,
         "eps was added to the standard deviation, after the square root; in LayerNorm it is added to the variance":
             (x - mean) / (torch.sqrt(var) + 1e-5) * weight + bias,
+        "eps is missing: the token with a tiny variance is divided by its own tiny standard deviation. Dividing by "
+        "the square root of variance + eps leaves it the variance the exercise asks for, variance / (variance + eps)":
+            (x - mean) / torch.sqrt(var) * weight + bias,
+        "the centred tokens were divided by the variance itself; dividing by a number s turns the variance into "
+        "variance / s², so it is the square root of variance + eps that gives variance / (variance + eps)":
+            (x - mean) / (var + 1e-5) * weight + bias,
         "the statistics were taken over the tokens; LayerNorm normalises each token over its own D features":
             (x - x.mean(-2, keepdim=True)) / torch.sqrt(x.var(-2, keepdim=True, unbiased=False) + 1e-5) * weight + bias,
+        "the statistics were taken over the whole tensor, every token at once; LayerNorm normalises each token over "
+        "its own D features (the last axis)":
+            (x - x.mean()) / torch.sqrt(x.var(unbiased=False) + 1e-5) * weight + bias,
+        "the statistics were taken over the first axis, across the batch, as batch normalisation does; LayerNorm "
+        "normalises each token over its own D features (the last axis)":
+            (x - x.mean(0, keepdim=True)) / torch.sqrt(x.var(0, keepdim=True, unbiased=False) + 1e-5) * weight + bias,
         "weight (gamma) and bias (beta) are missing: the tokens are normalised but neither scaled nor shifted": normalised,
         "weight and bias are swapped: the gain gamma is added and the shift beta multiplies": normalised * bias + weight,
         "the weight (gamma) is missing: the tokens are shifted but not scaled": normalised + bias,
@@ -78,8 +90,8 @@ def _layer_norm_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T
         "the bias (beta) is subtracted: the shift has the wrong sign": normalised * weight - bias,
     }
     check_close(got, expected, name="the normalised tokens", shape=shape, dims=dims,
-                suspects=suspects, hint="compare the mean, the variance, eps, the gain and the shift with section 1's "
-                                        "equation, one at a time")
+                suspects=suspects, hint="check what section 1 asks of each token (its mean, its variance, where eps "
+                                        "goes, the gain and the shift), one at a time")
     # Another eps, large enough to change every token: an answer that ignores its eps argument gives eps=1e-5's output.
     got = call(fn, x, weight, bias, 0.5, name="layer_norm",
                expected=f"a ({', '.join(shape.split())}) = {tuple(x.shape)} tensor")
