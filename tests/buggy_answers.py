@@ -109,8 +109,8 @@ BUGGY = {
         "head_scale_runs": (
             "def head_scale_runs(config, H, seed=0):\n"
             "    from course_utils.experiments.scaling import train_recall\n"
-            "    return {'head width': train_recall(config, seed=seed, scale=config.Dk ** -0.5, heads=H),\n"
-            "            'model width': train_recall(config, seed=seed, scale=(config.Dk // H) ** -0.5, heads=H)}\n"
+            "    return {'head width': train_recall(config, seed=seed, scale=config.Dk ** -0.5, heads=H).losses,\n"
+            "            'model width': train_recall(config, seed=seed, scale=(config.Dk // H) ** -0.5, heads=H).losses}\n"
         ),
         # measures the scaled softmax, which never saturates, instead of the unscaled one
         "saturation_width": (
@@ -354,8 +354,8 @@ _TOP_KEYS = ("def top_keys(x, lengths, W_q=None, W_k=None):\n"
 _HEADS = ("def head_scale_runs(config, H, seed=0):\n"
           "    from course_utils.experiments.scaling import train_recall\n"
           "    Dh = config.Dk // H\n"
-          "    return {'head width': train_recall(config, seed=seed, scale=1 / math.sqrt(Dh), heads=H),\n"
-          "            'model width': train_recall(config, seed=seed, scale=1 / math.sqrt(config.Dk), heads=H)}\n")
+          "    return {'head width': train_recall(config, seed=seed, scale=1 / math.sqrt(Dh), heads=H).losses,\n"
+          "            'model width': train_recall(config, seed=seed, scale=1 / math.sqrt(config.Dk), heads=H).losses}\n")
 
 NEW_KINDS = {
     "padding_mask_for": [
@@ -659,7 +659,8 @@ NEW_KINDS = {
          "the number of heads"),
         ("one head", _HEADS.replace(", heads=H)", ")"), "one head"),
         ("the seed not passed on", _HEADS.replace("seed=seed", "seed=0"), "the run of seed 0"),
-        ("the losses returned", _HEADS.replace("heads=H),\n", "heads=H).losses,\n"), "each value is the run"),
+        ("the runs returned, not their losses", _HEADS.replace("heads=H).losses,\n", "heads=H),\n"),
+         "each value is the list"),
         ("calls the reference", "def head_scale_runs(config, H, seed=0):\n"
          "    from course_utils.experiments import scaling\n    return scaling.head_scale_runs(config, H, seed)\n",
          "calls the course's reference"),

@@ -674,7 +674,8 @@ def _head_runs_written_otherwise(config, H, seed=0):
     from course_utils.experiments.scaling import train_recall
 
     factors = {"model width": config.Dk ** -0.5, "head width": (config.Dk // H) ** -0.5}
-    return {name: train_recall(config, scaled=False, heads=H, scale=factor, seed=seed) for name, factor in factors.items()}
+    return {name: train_recall(config, scaled=False, heads=H, scale=factor, seed=seed).losses
+            for name, factor in factors.items()}
 
 
 @pytest.mark.parametrize("sizes", [{}, {"seed": 1, "H": 3, "Dh": 4}, {"seed": 2, "H": 2, "Dh": 9}])

@@ -67,7 +67,8 @@ def test_a_broad_optimum_and_the_step_factor_against_the_start(seed):
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_model_width_scale_costs_steps_and_more_with_more_heads(seed):
     config = replace(scaling.RecallConfig(), D=64, Dk=64)  # the lecture's heads_config
-    n = {H: {name: _steps(run) for name, run in scaling.head_scale_runs(config, H, seed).items()} for H in (2, 8)}
+    n = {H: {name: scaling.steps_to_learn(losses) for name, losses in scaling.head_scale_runs(config, H, seed).items()}
+         for H in (2, 8)}
     assert all(None not in steps.values() for steps in n.values()), n
     gap = {H: steps["model width"] - steps["head width"] for H, steps in n.items()}
     assert gap[2] > 0 and gap[8] > 2 * gap[2], n

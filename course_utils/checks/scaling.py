@@ -20,7 +20,7 @@ from course_utils.blocks import attention, masks
 from course_utils.checks.core import (call, check_close, check_gradients, describe, passed, reference_guard,
                                      shape_cases, sweep)
 from course_utils.experiments import scaling
-from course_utils.experiments.scaling import RecallConfig, RecallResult, saturation_width
+from course_utils.experiments.scaling import RecallConfig, saturation_width
 from course_utils.core.errors import CheckError
 from course_utils.checks.flow import exercise_check
 
@@ -117,15 +117,14 @@ def _small_recall(width: int) -> RecallConfig:
                         lr=1e-2, test_size=40)
 
 
-def _same_run(run: Any, reference: RecallResult) -> bool:
-    losses = getattr(run, "losses", None)
-    return (isinstance(losses, list) and len(losses) == len(reference.losses)
-            and all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(losses, reference.losses)))
+def _same_run(losses: Any, reference: list[float]) -> bool:
+    return (isinstance(losses, list) and len(losses) == len(reference)
+            and all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(losses, reference)))
 
 
 @exercise_check
 def check_head_scale_runs(fn: Callable[..., Any], seed: int = 0, H: int = 4, Dh: int = 6) -> None:
-    """Check a learner's ``head_scale_runs(config, H, seed) -> {"head width": run, "model width": run}`` (04, ex. 3).
+    """Check a learner's ``head_scale_runs(config, H, seed) -> {"head width": losses, "model width": losses}`` (04, 3).
 
     An experiment, graded against the reference experiment: on a small recall
     task (a few steps, queries ``H * Dh`` wide), each of the learner's runs is
@@ -145,16 +144,18 @@ def check_head_scale_runs(fn: Callable[..., Any], seed: int = 0, H: int = 4, Dh:
     for run_seed in (seed, seed + 1):  # two seeds: the runs must follow the seed passed in
         with reference_guard(fn, scaling.head_scale_runs):
             got = call(fn, config, H, run_seed, name="head_scale_runs",
-                       expected='a dict {"head width": run, "model width": run} of the runs train_recall returns')
+                       expected='a dict {"head width": losses, "model width": losses}, the losses of two train_recall runs')
         if not isinstance(got, dict) or set(got) != set(_RUNS):
             keys = sorted(got) if isinstance(got, dict) else None
             raise CheckError(f"head_scale_runs returned "
                              f"{describe(got) if keys is None else f'a dict with the keys {keys}'}"
                              ': return a dict with exactly the two keys "head width" and "model width"')
         for name in _RUNS:
-            if not isinstance(getattr(got[name], "losses", None), list):
-                raise CheckError(f"got[{name!r}] is {describe(got[name])}: each value is the run that train_recall "
-                                 "returns (a RecallResult), not its steps to learn, its losses or the model")
+            if not (isinstance(got[name], list) and all(isinstance(x, float) for x in got[name])):
+                what = "a list, not of floats" if isinstance(got[name], list) else f"a {type(got[name]).__name__}"
+                raise CheckError(f"got[{name!r}] is {what}: each value is the list of the run's "
+                                 "training losses (the `losses` of what train_recall returns), not the run itself, "
+                                 "its steps to learn or the model")
         reference = scaling.head_scale_runs(config, H, run_seed)
         for name in _RUNS:
             if not _same_run(got[name], reference[name]):
@@ -178,22 +179,21 @@ def _which_run(got: dict[str, Any], name: str, config: RecallConfig, H: int, Dh:
         H**-0.5: f"1/sqrt(H) = 1/sqrt({H}): the number of heads does not enter a head's dot product",
         1 / H: f"1/H = 1/{H}: the number of heads does not enter a head's dot product",
     }
-    run = got[name]
+    losses = got[name]  # the learner's run, as its losses
     where = f'got[{name!r}] (H = {H}, Dh = {Dh}, D = H · Dh = {D}, seed = {seed})'
     for factor, words in factors.items():
-        if _same_run(run, scaling.train_recall(config, seed=seed, scale=factor, heads=H)):
+        if _same_run(losses, scaling.train_recall(config, seed=seed, scale=factor, heads=H).losses):
             if factor == right[other] and _same_run(got[other], scaling.train_recall(config, seed=seed,
-                                                                                      scale=right[name], heads=H)):
+                                                                                      scale=right[name], heads=H).losses):
                 return (f"the two runs are swapped: got[{name!r}] is the {other!r} experiment and the other way round. "
                         "Check which width each key names")
             return f"{where} multiplies every head's scores by {words}"
-    if _same_run(run, scaling.train_recall(config, seed=seed, scale=right[name])):
+    if _same_run(losses, scaling.train_recall(config, seed=seed, scale=right[name]).losses):
         return (f"{where} trained a model with one head: both runs must train the model split into H heads, so that "
                 "each head's dot products sum over its own Dh numbers")
-    if seed != 0 and _same_run(run, scaling.train_recall(config, seed=0, scale=right[name], heads=H)):
+    if seed != 0 and _same_run(losses, scaling.train_recall(config, seed=0, scale=right[name], heads=H).losses):
         return (f"{where} is the run of seed 0, not of the seed passed in: pass `seed` on, so that both runs start "
                 "from the same weights and see the same batches as the reference's")
-    losses = getattr(run, "losses", [])
     reference = scaling.train_recall(config, seed=seed, scale=right[name], heads=H).losses
     if len(losses) != len(reference):
         return (f"{where} has {len(losses)} losses, not one per training step of `config`: train with the config "

@@ -431,7 +431,7 @@ def train_recall(config: RecallConfig = RecallConfig(), scaled: bool = True, see
                         final=attention_stats(model, test))
 
 
-def head_scale_runs(config: RecallConfig, H: int, seed: int = 0) -> dict[str, RecallResult]:
+def head_scale_runs(config: RecallConfig, H: int, seed: int = 0) -> dict[str, list[float]]:
     """Notebook 04, exercise 3: the recall model with H heads, trained with each head's scores scaled two ways.
 
     Both runs start from the same weights and see the same batches (``train_recall`` with ``seed``). In
@@ -439,8 +439,9 @@ def head_scale_runs(config: RecallConfig, H: int, seed: int = 0) -> dict[str, Re
     (Dh = Dk / H); in "model width", by 1/sqrt(Dk), the width of the whole query before it is split.
 
     Returns:
-        ``{"head width": run, "model width": run}``.
+        ``{"head width": losses, "model width": losses}``, each run's training losses, one per step (plain
+        numbers, which the out-of-kernel check can read back from the grading child).
     """
     Dh = config.Dk // H  # the width of one head's queries and keys
-    return {"head width": train_recall(config, seed=seed, scale=1 / math.sqrt(Dh), heads=H),
-            "model width": train_recall(config, seed=seed, scale=1 / math.sqrt(config.Dk), heads=H)}
+    return {"head width": train_recall(config, seed=seed, scale=1 / math.sqrt(Dh), heads=H).losses,
+            "model width": train_recall(config, seed=seed, scale=1 / math.sqrt(config.Dk), heads=H).losses}
