@@ -78,6 +78,7 @@ from course_utils.experiments.deep_stacks import (
     gradient_norm_per_block,
     gradient_norms_by_layer,
     reversal_batch,
+    step_sizes,
     train_reversal_stack,
 )
 from course_utils.experiments.efficiency import (
@@ -165,6 +166,7 @@ __all__ = [
     "gradient_norm_per_block",
     "gradient_norms_by_layer",
     "reversal_batch",
+    "step_sizes",
     "head_offset_profile",
     "layer_norm",
     "make_neighbour_batch",
