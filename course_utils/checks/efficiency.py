@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -204,15 +205,40 @@ _EXPONENTIALS = frozenset({"exp", "exp_", "exp2", "exp2_", "special_exp2", "soft
                            "log_softmax", "_log_softmax", "special_log_softmax", "logsumexp", "special_logsumexp"})
 
 
+# Products that can compare queries with keys, and the operations whose result still holds the keys themselves
+# (views, copies, scalings): a product taking such a tensor compares the queries with every key it holds.
+_PRODUCTS = frozenset({"matmul", "__matmul__", "__rmatmul__", "bmm", "mm", "mv", "einsum", "baddbmm", "addmm",
+                       "addbmm", "tensordot", "linear", "inner", "dot", "vdot"})
+_KEEPS_KEYS = frozenset({"__getitem__", "narrow", "select", "index_select", "transpose", "swapaxes", "swapdims",
+                         "permute", "t", "mT", "T", "view", "reshape", "flatten", "unsqueeze", "squeeze", "expand",
+                         "expand_as", "broadcast_to", "contiguous", "clone", "to", "float", "double", "type",
+                         "split", "chunk", "unbind", "tensor_split", "mul", "__mul__", "__rmul__", "div",
+                         "__truediv__", "cat", "stack", "flip"})
+
+
 class _SquareWatch(TorchFunctionMode):
     """While a learner's function runs: the first tensor a torch function returns with two axes of at least T
-    (a (T, T) matrix), whether PyTorch's fused attention was called, and the largest input that one call of
-    ``exp``, ``softmax`` or ``logsumexp`` took (``widest``: its name and number of entries)."""
+    (a (T, T) matrix), whether PyTorch's fused attention was called, the largest input that one call of
+    ``exp``, ``softmax`` or ``logsumexp`` took (``widest``: its name and number of entries), and the most keys that
+    one product took at once (``keys``: the product's name and the keys per sequence and head, counted in the
+    tensors that hold ``k`` itself, its slices, transposes, copies or scalings)."""
 
-    def __init__(self, T: int) -> None:
+    def __init__(self, T: int, k: torch.Tensor | None = None, batch: int = 1) -> None:
         super().__init__()
         self.T, self.found, self.fused = T, None, False
         self.widest: tuple[str, int] = ("", 0)
+        self.keys: tuple[str, int] = ("", 0)
+        self.per_key = batch * (k.shape[-1] if k is not None else 1)  # entries of one key over every sequence and head
+        self.holds_k: dict[int, weakref.ref[torch.Tensor]] = {} if k is None else {id(k): weakref.ref(k)}
+
+    def _holds_k(self, t: torch.Tensor) -> bool:
+        ref = self.holds_k.get(id(t))
+        return ref is not None and ref() is t
+
+    def _tensors(self, args: Any, kwargs: Any) -> list[torch.Tensor]:
+        flat = [*args, *(kwargs or {}).values()]
+        flat = [t for a in flat for t in (a if isinstance(a, (tuple, list)) else (a,))]
+        return [t for t in flat if isinstance(t, torch.Tensor)]
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -222,6 +248,16 @@ class _SquareWatch(TorchFunctionMode):
             scores = args[0] if args else (kwargs or {}).get("input")
             if isinstance(scores, torch.Tensor) and scores.numel() > self.widest[1]:
                 self.widest = (name, scores.numel())
+        if name in _PRODUCTS or name in _KEEPS_KEYS:
+            held = [t for t in self._tensors(args, kwargs) if self._holds_k(t)]
+            if held and name in _PRODUCTS:
+                keys = max(t.numel() for t in held) // self.per_key
+                if keys > self.keys[1]:
+                    self.keys = (name, keys)
+            elif held:
+                for t in out if isinstance(out, (tuple, list)) else (out,):
+                    if isinstance(t, torch.Tensor):
+                        self.holds_k[id(t)] = weakref.ref(t)
         if self.found is None:
             for t in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(t, torch.Tensor) and sum(n >= self.T for n in t.shape) >= 2:
@@ -293,7 +329,9 @@ def check_causal_tiled_attention(fn: Callable[..., Any], seed: int = 0, B: int =
     at or below the diagonal. The work is measured while the function runs:
     its matrix products (``FlopCounterMode``) must not come close to those of
     every tile, and no tensor with two axes of T (the scores, weights or mask of
-    every pair) may appear, and no call of ``exp``, ``softmax`` or ``logsumexp`` may take
+    every pair) may appear, no product may compare queries with more than C keys at
+    once (a score tile wider than C, counted in the tensors that hold k, its slices,
+    transposes, copies or scalings), and no call of ``exp``, ``softmax`` or ``logsumexp`` may take
     more scores than one tile holds (C × C for each sequence and head): a query block's
     keys go through the online softmax one tile at a time, not through one ordinary
     softmax. Then scores of about ±200, where exp overflows
@@ -361,7 +399,7 @@ def _causal_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T: in
         return got
 
     copies = (q.clone(), k.clone(), v.clone())
-    watch, counter = _SquareWatch(T), FlopCounterMode(display=False)
+    watch, counter = _SquareWatch(T, k, math.prod(lead)), FlopCounterMode(display=False)
     with counter, watch:
         out, tiles = run(q, k, v, C)
     if watch.fused:
@@ -412,6 +450,13 @@ def _causal_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T: in
             f"out is right, but your matrix products did {flops / causal:.1f} times the multiply-adds of the tiles at "
             f"or below the diagonal ({sizes}): tiles above the diagonal were computed (and masked away). Skip them: "
             "query block i needs only the key blocks up to its own")
+    op, keys = watch.keys
+    if n > 1 and keys > C:
+        raise CheckError(
+            f"out is right, but one product (`{op}`) compared queries with {keys} keys at once, a score tile wider "
+            f"than C = {C} ({sizes}): the keys were not cut into tiles, so a query block's keys went through one "
+            "ordinary softmax together. Cut the keys into blocks of C as well, and fold each tile's scores in with "
+            "online_softmax_update (exercise 1), one tile at a time")
     op, widest = watch.widest
     if n > 1 and widest > batch * C * C:
         raise CheckError(
