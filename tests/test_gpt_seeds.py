@@ -70,8 +70,8 @@ def test_dropout_raises_the_validation_loss_at_notebook_10s_budget(tmp_path):
 @pytest.mark.evidence("11", "the copying model on seeds 0 to 4 (1,500 steps, copies placed at random): the steep fall "
                             "of its loss began within 1,500 steps on four seeds, at different steps, and not on the "
                             "fifth; on each of the four, block 0's two heads look back n and n - 1 positions and block "
-                            "1's heads look n - 1 positions after the induction position, at every gap, rather than "
-                            "at the induction position itself")
+                            "1's heads look n - 1 positions after the induction position, at every gap from 1 on (at "
+                            "gap 0 that key is the query's own), rather than at the induction position itself")
 def test_the_copying_model_on_five_seeds():
     # Measured (this machine): loss on the copyable positions at steps 1000 / 1500: seed 0 2.80 / 0.85 (first below
     # 1 nat at step 1400), seed 1 2.78 / 1.80, seed 2 2.90 / 1.34, seed 3 2.75 / 1.14, seed 4 2.79 / 2.53. Block 0's
@@ -101,7 +101,9 @@ def test_the_copying_model_on_five_seeds():
         seen = maps[rows[:, None], 1, :, queries[:, None], after].mean(dim=2)  # (N, n): block 1, mean over heads
         gap = lag[rows] - n
         assert int(seen.mean(dim=0).argmax()) == n - 1 and seen[:, n - 1].mean() > 0.3, (seed, seen.mean(dim=0))
-        for g in range(config.max_gap + 1):  # at every gap, more on the shifted position than on the induction one
+        # At every gap from 1 on, more on the shifted position than on the induction one. At gap 0 the shifted key is
+        # the query's own position, so weight there says nothing about matching (seed 1: 0.11 against 0.06 there).
+        for g in range(1, config.max_gap + 1):
             assert seen[gap == g, n - 1].mean() > 2 * seen[gap == g, 0].mean(), (seed, g)
     # Fails if the fall comes on every seed within 1,500 steps (or on none but the notebook's).
     assert 0 in fell and 2 <= len(fell) <= 4, fell
