@@ -92,8 +92,8 @@ def _open_when_idle(page, url: str) -> None:
 def _ran_in_order(prompts: list[str]) -> bool:
     """Every code cell ran once, top to bottom: the shown prompts count up to the number of code cells (collapsed
     evidence cells run too, but show no prompt)."""
-    numbers = [int(p[1:-2]) for p in prompts if p]
-    return numbers == sorted(set(numbers)) and numbers[-1] == len(prompts) and numbers[0] == 1
+    shown = [(i + 1, int(p[1:-2])) for i, p in enumerate(prompts) if p]  # (position, execution count)
+    return bool(shown) and all(position == count for position, count in shown)
 
 
 def _committed_stderr(notebook: str) -> set[str]:
@@ -151,7 +151,7 @@ def test_notebook_00_runs_in_jupyterlab_without_errors_and_shows_heatmaps(jupyte
         images = page.eval_on_selector_all(".jp-OutputArea-output img", "els => els.map(e => e.getAttribute('src'))")
         browser.close()
     assert not errors, f"error output in the browser: {errors}"
-    assert _ran_in_order(prompts), "cells ran top to bottom, once each"
+    assert _ran_in_order(prompts), f"cells ran top to bottom, once each: {prompts}"
     assert len(images) >= 3 and all(src.startswith("data:image/png") for src in images), "the heatmaps are rendered"
     assert (ROOT / NOTEBOOK).read_bytes() == committed, "the browser test changed the committed notebook"
 
@@ -225,22 +225,22 @@ def test_the_attention_explorer_of_notebook_05_answers_its_controls_in_jupyterla
         assert first.startswith("png:"), "the explorer shows its heatmap as a PNG"
 
         readout = explorer.locator(".widget-slider .widget-readout")
-        assert readout.first.text_content().strip() == "1.00", "the temperature starts at 1"
+        # τ is the whole divisor (as in notebooks 03-04) and starts at √D_k = 4, the slider's step 10 ** 0.6
+        assert readout.first.text_content().strip() == "3.98", "the temperature starts at √D_k"
         explorer.locator(".widget-slider .noUi-handle").first.focus()
-        for _ in range(6):  # six steps of 0.05 in log10(τ): τ = 10 ** 0.3, about 2
+        for _ in range(6):  # six steps of 0.05 in log10(τ): τ = 10 ** 0.9, about 8
             page.keyboard.press("ArrowRight")
         warmer = _wait_for_new_image(page, image, first, "moving the temperature slider")
-        assert readout.first.text_content().strip() == "2.00", "six steps right on the slider: τ = 10 ** 0.3"
-
-        checkbox = explorer.locator(".widget-checkbox input[type='checkbox']")
-        assert checkbox.is_checked(), "the scores start divided by √D_k"
-        checkbox.click()
-        unscaled = _wait_for_new_image(page, image, warmer, "unticking the scale")
+        assert readout.first.text_content().strip() == "7.94", "six steps right on the slider: τ = 10 ** 0.9"
+        for _ in range(18):  # down to τ = 1: the scores without the scale
+            page.keyboard.press("ArrowLeft")
+        unscaled = _wait_for_new_image(page, image, warmer, "moving the temperature slider to 1")
+        assert readout.first.text_content().strip() == "1.00", "eighteen steps left: τ = 1, no scale"
         assert unscaled != first
         widget_errors = explorer.get_by_text("Error displaying widget").count()
         browser.close()
     assert widget_errors == 0
-    assert _ran_in_order(prompts), "cells ran top to bottom, once each"
+    assert _ran_in_order(prompts), f"cells ran top to bottom, once each: {prompts}"
     outside = sorted({url for url in requests if not url.startswith(("http://127.0.0.1:", "data:", "blob:"))})
     assert not outside, f"JupyterLab or the widget extension fetched from outside the machine: {outside}"
     assert any("@jupyter-widgets/jupyterlab-manager" in url for url in requests), \
