@@ -114,8 +114,8 @@ def test_compare_guess(capsys):
     compare_guess(1e38, float("inf"), "exp(1000.0)")
     out = capsys.readouterr().out.splitlines()
     # no guess: nothing of the result is shown (a learner who runs first has not been told every answer)
-    assert out[0] == ("You wrote no guess, so the weight stays hidden here. Write your guess in the cell above, "
-                      "then run it and this cell again.") and "0.25" not in out[0]
+    assert out[0] == ("You wrote no guess for the weight. Write it in the cell above, then run that cell "
+                      "and this one again to see your guess beside the result.") and "0.25" not in out[0]
     assert out[1:] == ["You guessed 0.26; observed, the weight: 0.25 (within 10%).",
                        "You guessed 2; observed, the weight: 0.25.",
                        "You guessed 'Keys'; observed, the result: keys (right).",

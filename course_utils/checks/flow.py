@@ -20,7 +20,7 @@ Three pieces, used from the notebooks' cells:
   neither the cell nor the answers.
 * ``compare_guess(guess, observed)`` ends a prediction: the learner writes a
   guess in the cell before, this prints it beside what was observed (not graded;
-  without a guess, the result stays hidden).
+  without a guess, it prints nothing of the result itself).
 """
 
 from __future__ import annotations
@@ -138,8 +138,8 @@ def compare_guess(guess: Any, observed: Any, what: str = "the result") -> None:
     """
     shown = f"{observed:.3g}" if isinstance(observed, float) else str(observed)
     if guess is None or guess == "" or guess is Ellipsis:
-        print(f"You wrote no guess, so {what} stays hidden here. Write your guess in the cell above, then run it "
-              "and this cell again.")
+        print(f"You wrote no guess for {what}. Write it in the cell above, then run that cell and this one "
+              "again to see your guess beside the result.")
         return
     if isinstance(guess, (int, float)) and isinstance(observed, (int, float)) and not isinstance(guess, bool):
         close = math.isfinite(observed) and abs(guess - observed) <= 0.1 * abs(observed)
