@@ -21,7 +21,7 @@ from course_utils.blocks.masks import causal_mask
 from course_utils.blocks.multihead import MultiHeadAttention, merge_heads, split_heads
 from course_utils.blocks.positional import apply_rotary, sinusoidal_positional_encoding
 from course_utils.core.errors import InputError
-from course_utils.experiments.loop import fit, training_steps
+from course_utils.experiments.loop import TrainResult, fit, training_steps
 
 
 POSITION_KINDS = ("none", "sinusoidal", "learned", "concat", "rotary")
@@ -208,6 +208,13 @@ class OrderResult:
     model: nn.Module  # the trained OrderModel, in eval mode
 
 
+def _fit_with_warmup(model: nn.Module, config: ReversalConfig | CopyConfig, step_loss: Callable[[int], torch.Tensor],
+                     label: str) -> TrainResult:
+    """AdamW without weight decay, ``config.steps`` steps of ``step_loss``, a linear warm-up to ``config.lr``."""
+    return fit(model, torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0), step_loss,
+               training_steps(config), label, lr_at=lambda step: config.lr * min(1.0, (step + 1) / config.warmup))
+
+
 def train_order_model(config: ReversalConfig = ReversalConfig(), positions: str = "sinusoidal",
                       seed: int = 0, model_class: Callable[[ReversalConfig, str], nn.Module] | None = None) -> OrderResult:
     """Train an ``OrderModel`` on reversal; same seed, same data for every kind of position.
@@ -234,9 +241,8 @@ def train_order_model(config: ReversalConfig = ReversalConfig(), positions: str 
         x, y = make_reversal_batch(config, config.batch_size, generator)
         return nn.functional.cross_entropy(model(x).reshape(-1, config.V), y.reshape(-1))
 
-    result = fit(model, torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0), step_loss,
-                 training_steps(config), f"order model, {positions} positions, {config.num_layers} block(s), seed {seed}",
-                 lr_at=lambda step: config.lr * min(1.0, (step + 1) / config.warmup))  # linear warm-up
+    result = _fit_with_warmup(model, config, step_loss,
+                              f"order model, {positions} positions, {config.num_layers} block(s), seed {seed}")
     model.eval()
     with torch.no_grad():
         correct = (model(x_test).argmax(dim=-1) == y_test).float()  # (test_size, T)
@@ -278,9 +284,7 @@ def train_copy_model(config: CopyConfig = CopyConfig(), positions: str = "rotary
         x, y = make_copy_batch(config, config.batch_size, config.T, generator)
         return nn.functional.cross_entropy(model(x).reshape(-1, config.V), y.reshape(-1), ignore_index=IGNORE)
 
-    result = fit(model, torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0), step_loss,
-                 training_steps(config), f"copy model, {positions} positions, seed {seed}",
-                 lr_at=lambda step: config.lr * min(1.0, (step + 1) / config.warmup))  # linear warm-up
+    result = _fit_with_warmup(model, config, step_loss, f"copy model, {positions} positions, seed {seed}")
     model.eval()
     with torch.no_grad():
         correct = (model(x_test).argmax(dim=-1) == y_test).float()  # (test_size, T_test)
