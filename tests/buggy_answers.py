@@ -657,6 +657,8 @@ NEW_KINDS = {
          "the factor of the 'model width' run"),
         ("the number of heads as the width", _HEADS.replace("scale=1 / math.sqrt(Dh)", "scale=1 / math.sqrt(H)"),
          "the number of heads"),
+        ("the embedding width as the model width", _HEADS.replace("math.sqrt(config.Dk)", "math.sqrt(config.D)"),
+         "config.D is the width of the token embeddings"),
         ("one head", _HEADS.replace(", heads=H)", ")"), "one head"),
         ("the seed not passed on", _HEADS.replace("seed=seed", "seed=0"), "the run of seed 0"),
         ("the runs returned, not their losses", _HEADS.replace("heads=H).losses,\n", "heads=H),\n"),

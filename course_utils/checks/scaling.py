@@ -112,8 +112,9 @@ _RUNS = ("head width", "model width")
 
 
 def _small_recall(width: int) -> RecallConfig:
-    """A recall task small enough to train twice in a check: queries, keys, values and embeddings ``width`` wide."""
-    return RecallConfig(Dk=width, Dv=width, D=width, num_pairs=5, num_keys=12, num_values=10, batch_size=16, steps=6,
+    """A recall task small enough to train twice in a check: queries, keys and values ``width`` wide, embeddings
+    ``width + 4`` (so that an answer reading the width from ``config.D`` instead of ``config.Dk`` gets another run)."""
+    return RecallConfig(Dk=width, Dv=width, D=width + 4, num_pairs=5, num_keys=12, num_values=10, batch_size=16, steps=6,
                         lr=1e-2, test_size=40)
 
 
@@ -178,6 +179,8 @@ def _which_run(got: dict[str, Any], name: str, config: RecallConfig, H: int, Dh:
         D**0.5: "sqrt(D): `scale=` is the factor that multiplies the scores, and this passed the divisor",
         H**-0.5: f"1/sqrt(H) = 1/sqrt({H}): the number of heads does not enter a head's dot product",
         1 / H: f"1/H = 1/{H}: the number of heads does not enter a head's dot product",
+        config.D**-0.5: f"1/sqrt(config.D) = 1/sqrt({config.D}): config.D is the width of the token embeddings; the "
+                        "queries' width before the split is config.Dk",
     }
     losses = got[name]  # the learner's run, as its losses
     where = f'got[{name!r}] (H = {H}, Dh = {Dh}, D = H · Dh = {D}, seed = {seed})'
