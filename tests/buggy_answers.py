@@ -199,15 +199,12 @@ BUGGY = {
         ),
     },
     "08_training_deep_stacks": {
-        # the block of a parameter read from a prefix: "10.self_attn..." also counts for block 1
-        "gradient_norm_per_block": (
-            "def gradient_norm_per_block(grads, num_layers):\n"
-            "    norms = []\n"
-            "    for block in range(num_layers):\n"
-            "        squares = sum(float((g ** 2).sum()) for name, g in grads.items()\n"
-            "                      if g is not None and name.startswith(str(block)))\n"
-            "        norms.append(squares ** 0.5)\n"
-            "    return norms\n"
+        # the bias correction forgotten: the step divides m_t by the square root of v_t as they are
+        "adam_step": (
+            "def adam_step(param, grad, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8):\n"
+            "    m = betas[0] * m + (1 - betas[0]) * grad\n"
+            "    v = betas[1] * v + (1 - betas[1]) * grad ** 2\n"
+            "    return param - lr * m / (v.sqrt() + eps), m, v\n"
         ),
     },
     "09_attention_at_scale": {
@@ -357,6 +354,14 @@ _HEADS = ("def head_scale_runs(config, H, seed=0):\n"
           "    return {'head width': train_recall(config, seed=seed, scale=1 / math.sqrt(Dh), heads=H).losses,\n"
           "            'model width': train_recall(config, seed=seed, scale=1 / math.sqrt(config.Dk), heads=H).losses}\n")
 
+# A right answer to notebook 08's exercise (one Adam step); the buggy answers below change one thing in it.
+_ADAM = ("def adam_step(param, grad, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8):\n"
+         "    beta1, beta2 = betas\n"
+         "    m = beta1 * m + (1 - beta1) * grad\n"
+         "    v = beta2 * v + (1 - beta2) * grad ** 2\n"
+         "    m_hat = m / (1 - beta1 ** t)\n"
+         "    v_hat = v / (1 - beta2 ** t)\n"
+         "    return param - lr * m_hat / (v_hat.sqrt() + eps), m, v\n")
 NEW_KINDS = {
     "padding_mask_for": [
         ("True marks the padding", "def padding_mask_for(lengths, scores):\n"
@@ -831,39 +836,58 @@ NEW_KINDS = {
          "    from course_utils.blocks.transformer import is_pre_ln as reference\n    return reference(block, D)\n",
          "calls the course's reference"),
     ],
-    "gradient_norm_per_block": [
-        # issue 34: num_layers ignored, one entry per block that appears with a gradient
-        ("a list of the blocks that have a gradient", "def gradient_norm_per_block(grads, num_layers):\n"
-         "    squares = {}\n    for name, g in grads.items():\n        if g is not None:\n"
-         "            block = int(name.split('.')[0])\n"
-         "            squares[block] = squares.get(block, 0.0) + float((g ** 2).sum())\n"
-         "    return [math.sqrt(squares[block]) for block in sorted(squares)]\n", "still has its place"),
-        ("as many blocks as the largest index with a gradient", "def gradient_norm_per_block(grads, num_layers):\n"
-         "    n = 1 + max(int(name.split('.')[0]) for name, g in grads.items() if g is not None)\n"
-         "    squares = [0.0] * n\n    for name, g in grads.items():\n        if g is not None:\n"
-         "            squares[int(name.split('.')[0])] += float((g ** 2).sum())\n"
-         "    return [math.sqrt(s) for s in squares]\n", "still has its place"),
-        # issue 37: one entry per block named in grads, num_layers ignored (passed while every block had a name there)
-        ("a list of the blocks named in grads", "def gradient_norm_per_block(grads, num_layers):\n"
-         "    blocks = sorted({int(name.split('.')[0]) for name in grads})\n"
-         "    return [math.sqrt(sum(float((g ** 2).sum()) for name, g in grads.items()\n"
-         "                          if g is not None and int(name.split('.')[0]) == block)) for block in blocks]\n",
-         "still has its place"),
-        ("calls the reference", "def gradient_norm_per_block(grads, num_layers):\n"
-         "    from course_utils.experiments.deep_stacks import gradient_norm_per_block as reference\n"
-         "    return reference(grads, num_layers)\n", "calls the course's reference"),
-        ("the norms of the parameters added up", "def gradient_norm_per_block(grads, num_layers):\n"
-         "    norms = [0.0] * num_layers\n"
-         "    for name, g in grads.items():\n"
-         "        if g is not None:\n"
-         "            norms[int(name.split('.')[0])] += float(g.norm())\n"
-         "    return norms\n", "norms of a block's parameters were added up"),
-        ("the squared norm", "def gradient_norm_per_block(grads, num_layers):\n"
-         "    squares = [0.0] * num_layers\n"
-         "    for name, g in grads.items():\n"
-         "        if g is not None:\n"
-         "            squares[int(name.split('.')[0])] += float((g ** 2).sum())\n"
-         "    return squares\n", "square root is missing"),
+    "adam_step": [
+        # issue 37: one Adam step from the description, checked beside torch.optim.Adam; each mistake named
+    ("no bias correction", _ADAM.replace("m / (1 - beta1 ** t)", "m").replace("v / (1 - beta2 ** t)", "v"),
+     "bias correction is missing"),
+    ("the bias correction of m only", _ADAM.replace("v / (1 - beta2 ** t)", "v"), "only m is bias-corrected"),
+    ("the bias correction of v only", _ADAM.replace("m / (1 - beta1 ** t)", "m"), "only v is bias-corrected"),
+    ("eps inside the square root", _ADAM.replace("(v_hat.sqrt() + eps)", "(v_hat + eps).sqrt()"),
+     "inside the square root"),
+    ("no eps", _ADAM.replace("(v_hat.sqrt() + eps)", "v_hat.sqrt()"), "eps is missing"),
+    ("eps before the correction of v, the paper's reordering", _ADAM.replace(
+        "    return param - lr * m_hat / (v_hat.sqrt() + eps), m, v\n",
+        "    step = lr * (1 - beta2 ** t) ** 0.5 / (1 - beta1 ** t)\n"
+        "    return param - step * m / (v.sqrt() + eps), m, v\n"), "before v's correction"),
+    ("g instead of g² in v", _ADAM.replace("grad ** 2", "grad"), "instead of its square"),
+    ("|g| instead of g² in v", _ADAM.replace("grad ** 2", "grad.abs()"), "|g_t|"),
+    ("t - 1 in the corrections", _ADAM.replace("** t)", "** (t - 1))"), "divided by zero"),
+    ("t + 1 in the corrections", _ADAM.replace("** t)", "** (t + 1))"), "use t + 1"),
+    ("the corrections of step 1 at every step", _ADAM.replace("** t)", ")"), "ignore t"),
+    ("in place: m and v updated with mul_ and add_", _ADAM.replace(
+        "    m = beta1 * m + (1 - beta1) * grad\n    v = beta2 * v + (1 - beta2) * grad ** 2\n",
+        "    m.mul_(beta1).add_((1 - beta1) * grad)\n    v.mul_(beta2).add_((1 - beta2) * grad ** 2)\n"), "in place"),
+    ("in place: the parameters updated with sub_", _ADAM.replace(
+        "    return param - lr * m_hat / (v_hat.sqrt() + eps), m, v\n",
+        "    param.sub_(lr * m_hat / (v_hat.sqrt() + eps))\n    return param, m, v\n"), "in place"),
+    ("the step added, not subtracted", _ADAM.replace("param - lr", "param + lr"), "up the gradient"),
+    ("divided by v, not its square root", _ADAM.replace("v_hat.sqrt()", "v_hat"), "not by its square root"),
+    ("the step from the old m and v", _ADAM.replace(
+        "    m = beta1 * m + (1 - beta1) * grad\n    v = beta2 * v + (1 - beta2) * grad ** 2\n    m_hat = m / (1 - beta1 ** t)\n    v_hat = v / (1 - beta2 ** t)\n",
+        "    m_hat = m / (1 - beta1 ** t)\n    v_hat = v / (1 - beta2 ** t)\n"
+        "    m = beta1 * m + (1 - beta1) * grad\n    v = beta2 * v + (1 - beta2) * grad ** 2\n"), "as they came in"),
+    ("m's weights swapped", _ADAM.replace("beta1 * m + (1 - beta1) * grad", "(1 - beta1) * m + beta1 * grad"),
+     "m's two weights are swapped"),
+    ("v's weights swapped", _ADAM.replace("beta2 * v + (1 - beta2) * grad ** 2", "(1 - beta2) * v + beta2 * grad ** 2"),
+     "v's two weights are swapped"),
+    ("m averaged with beta2", _ADAM.replace("beta1 * m + (1 - beta1)", "beta2 * m + (1 - beta2)"), "with beta2"),
+    ("the corrected m and v returned", _ADAM.replace(", m, v\n", ", m_hat, v_hat\n"), "bias-corrected one"),
+    ("betas ignored", _ADAM.replace("    beta1, beta2 = betas\n", "    beta1, beta2 = 0.9, 0.999\n"),
+     "ignored the betas"),
+    ("eps ignored, 1e-8 written in", _ADAM.replace("+ eps)", "+ 1e-8)"), "ignored the eps"),
+    ("lr ignored, 1e-3 written in", _ADAM.replace("param - lr *", "param - 1e-3 *"), "ignored the learning rate"),
+    ("g in place of m", _ADAM.replace("lr * m_hat", "lr * grad"), "uses g_t where"),
+    ("a list of two", _ADAM.replace(", m, v\n", ", (m, v)\n"), "three tensors"),
+    ("torch.optim.Adam, which the exercise rules out",
+     "def adam_step(param, grad, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8):\n"
+     "    p = torch.nn.Parameter(param.clone())\n"
+     "    optimizer = torch.optim.Adam([p], lr=lr, betas=betas, eps=eps)\n"
+     "    optimizer.state[p] = {'step': torch.tensor(float(t - 1)), 'exp_avg': m.clone(), 'exp_avg_sq': v.clone()}\n"
+     "    p.grad = grad.clone()\n    optimizer.step()\n"
+     "    return p.detach(), optimizer.state[p]['exp_avg'], optimizer.state[p]['exp_avg_sq']\n", "rules out"),
+    ("calls the reference", "def adam_step(*args):\n"
+     "    from course_utils.experiments.deep_stacks import adam_step as reference\n    return reference(*args)\n",
+     "calls the course's reference"),
     ],
     "decoder_layer_forward": [
         ("the memory normalised by norm2 in a pre-LN layer", _DECODER_LAYER.replace(

@@ -1196,7 +1196,7 @@ from course_utils.experiments import scaling as scaling_experiments  # noqa: E40
 REFERENCES["saturation_width"] = scaling_experiments.saturation_width  # for the reference-guard test above
 from course_utils.experiments import deep_stacks  # noqa: E402
 
-REFERENCES["gradient_norm_per_block"] = deep_stacks.gradient_norm_per_block  # notebook 08
+REFERENCES["adam_step"] = deep_stacks.adam_step  # notebook 08
 
 _WIDTH = (
     "def saturation_width(Dks, S, T, generator, threshold=0.9):\n"
@@ -1416,9 +1416,9 @@ def test_the_checks_of_how_a_function_is_written_skip_the_graders_proxy():
 from buggy_answers import _BEAM  # noqa: E402
 from course_utils.blocks.attention import masked_softmax  # noqa: E402
 from course_utils.checks import (  # noqa: E402
+    check_adam_step,
     check_causal_tiled_attention,
     check_filter_logits,
-    check_gradient_norm_per_block,
     check_is_pre_ln,
     check_multi_head_attention,
     check_next_token_loss,
@@ -1529,41 +1529,43 @@ def test_check_is_pre_ln_tries_large_and_small_gains_and_shifts():
     assert_no_answer_in(str(err.value), ("1000", ".norm()", "> 10"), solution=("07_transformer_block", "is_pre_ln"))
 
 
-def _norms_as_a_tensor(grads, num_layers):
-    squares = torch.zeros(num_layers)
-    for name, g in grads.items():
-        if g is not None:
-            squares[int(name.split(".")[0])] += g.pow(2).sum()
-    return squares.sqrt()
+def _adam_with_torch_sqrt_and_addcdiv(param, grad, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8):
+    beta1, beta2 = betas
+    m = torch.lerp(grad, m, beta1)  # beta1 * m + (1 - beta1) * grad, written another way
+    v = torch.addcmul(beta2 * v, grad, grad, value=1 - beta2)
+    denom = torch.sqrt(v) / math.sqrt(1 - beta2 ** t) + eps  # PyTorch's own order
+    return torch.addcdiv(param, m, denom, value=-lr / (1 - beta1 ** t)), m, v
 
 
-def _norms_of_concatenated_gradients(grads, num_layers):
-    norms = []
-    for k in range(num_layers):
-        mine = [g.flatten() for name, g in grads.items() if g is not None and name.split(".")[0] == str(k)]
-        norms.append(torch.cat(mine).norm().item() if mine else 0.0)
-    return norms
+def _adam_on_python_numbers_per_entry(param, grad, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8):
+    beta1, beta2 = betas
+    new_m, new_v = beta1 * m + (1 - beta1) * grad, beta2 * v + (1 - beta2) * grad * grad
+    c1, c2 = 1 - beta1 ** t, 1 - beta2 ** t
+    return param - lr * (new_m / c1) / ((new_v / c2) ** 0.5 + eps), new_m, new_v
 
 
-@pytest.mark.parametrize("answer", [_norms_as_a_tensor, _norms_of_concatenated_gradients])
-def test_check_gradient_norm_per_block_accepts_other_right_answers(answer, capsys):
-    for seed, N, D in [(0, 12, 8), (1, 3, 4), (2, 13, 12)]:
-        check_gradient_norm_per_block(_named(answer, "gradient_norm_per_block"), seed=seed, N=N, D=D)
+@pytest.mark.parametrize("answer", [_adam_with_torch_sqrt_and_addcdiv, _adam_on_python_numbers_per_entry])
+def test_check_adam_step_accepts_other_right_answers(answer, capsys):
+    for seed, shape in [(0, (3, 4)), (1, ()), (2, (2, 3, 5))]:
+        check_adam_step(_named(answer, "adam_step"), seed=seed, shape=shape)
     assert capsys.readouterr().out.count("all checks passed") == 3
 
 
-def test_check_gradient_norm_per_block_wants_0_at_the_place_of_a_block_without_a_gradient():
-    def skipped_then_padded(grads, num_layers):  # the right length, but the blocks after a gap moved up
-        present = [v for v in _norms_of_concatenated_gradients(grads, num_layers) if v > 0]
-        return present + [0.0] * (num_layers - len(present))
-
-    def nan_for_a_block_without_a_gradient(grads, num_layers):
-        return [v if v > 0 else float("nan") for v in _norms_of_concatenated_gradients(grads, num_layers)]
-
-    for answer, fragment in [(skipped_then_padded, "lost its place"), (nan_for_a_block_without_a_gradient, "get 0")]:
-        with pytest.raises(CheckError, match=fragment) as err:
-            check_gradient_norm_per_block(_named(answer, "gradient_norm_per_block"))
-        assert_no_answer_in(str(err.value), solution=("08_training_deep_stacks", "gradient_norm_per_block"))
+def test_check_adam_step_compares_with_torch_optim_adam_and_leaves_the_random_state_alone():
+    """The checker's expected values are torch.optim.Adam's; the reference takes the same steps over 50 steps."""
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    check_adam_step(_named(_adam_on_python_numbers_per_entry, "adam_step"))
+    assert torch.equal(torch.rand(3), before)
+    p = torch.nn.Parameter(torch.randn(4, 5))
+    q, m, v = p.detach().clone(), torch.zeros(4, 5), torch.zeros(4, 5)
+    optimizer = torch.optim.Adam([p], lr=1e-2)
+    for t in range(1, 51):
+        p.grad = torch.randn(4, 5) * 10 ** (t % 5 - 2)
+        q, m, v = deep_stacks.adam_step(q, p.grad, m, v, t, 1e-2)
+        optimizer.step()
+    torch.testing.assert_close(q, p.detach(), atol=1e-6, rtol=1e-5)
 
 
 _CAUSAL_INLINE_UPDATE = (  # notebook 09, exercise 2, right, with the online softmax written inline
@@ -1676,6 +1678,26 @@ def test_check_filter_logits_accepts_another_right_answer_and_tells_the_orders_a
         original = (torch.isfinite(gpt.filter_logits(logits, top_k=top_k))
                     & torch.isfinite(gpt.filter_logits(logits, top_p=top_p))).sum(-1)
         assert (right == 1).all() and (original == 2).all()
+
+
+_ISSUE_37 = [("next_token_loss", "the model run on the whole window, its last position dropped"),
+             ("filter_logits", "top-p on the original distribution"), ("filter_logits", "top-p before top-k")]
+
+
+@pytest.mark.parametrize(("grade_id", "kind"), _ISSUE_37, ids=[f"{g}: {k}" for g, k in _ISSUE_37])
+def test_each_hidden_test_of_notebook_10_alone_rejects_what_issue_37_found(grade_id, kind):
+    """Issue 37: these passed 10's hidden tests (the whole window three times, the two orders of the filters);
+    every hidden call of the notebook's graded cell now rejects each one by itself, naming the bug."""
+    hidden = graded_test_cell("10_small_gpt", grade_id).split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
+    calls = [line for line in hidden.splitlines() if line.startswith(f"check_{grade_id}(")]
+    assert len(calls) == 2, hidden
+    source, fragment = next((s, f) for k, s, f in NEW_KINDS[grade_id] if k == kind)
+    namespace = {"torch": torch, "F": F}
+    exec(source, namespace)  # noqa: S102 - test fixture code
+    for call in calls:
+        with pytest.raises(CheckError) as err:
+            eval(call, {f"check_{grade_id}": getattr(checks, f"check_{grade_id}"), grade_id: namespace[grade_id]})  # noqa: S307
+        assert fragment in str(err.value), (call, str(err.value))
 
 
 def test_check_beam_search_calls_the_refilled_beam_of_the_cited_paper_another_variant():

@@ -376,7 +376,7 @@ def test_decoder_layer_forward_names_an_unknown_activation():
 
 def test_the_numbers_of_08s_model_answer_on_the_pre_ln_stream():
     """08's written question is graded by hand; its model answer rests on the growth of a pre-LN residual stream,
-    which pitfall 2 measures on seed 0 and this test on seeds 0 to 2.
+    which section 2 measures on seed 0 and this test on seeds 0 to 2.
 
     Measured as the rubric says: the blocks and input of ``deep_stacks.gradient_norms_by_layer`` (seeds 0 to 2),
     the root mean square over tokens of each token's standard deviation over its D features.
@@ -398,46 +398,7 @@ def test_the_numbers_of_08s_model_answer_on_the_pre_ln_stream():
     assert 2.0 < (sum(deep) / 3) / (sum(shallow) / 3) < 2.4  # "about 2.2 times less at N = 48 than at N = 6"
 
 
-# --- notebook 08: the gradient of each block, the warm-up task -------------------------------------------------
-
-
-def _per_block(grads, num_layers, reduce="norm", block_of=None, keep=lambda name, g: True, reverse=False):
-    """A learner's answer with one of the known mistakes switched on."""
-    block_of = block_of or (lambda name, k: int(name.split(".")[0]) == k)
-    out = []
-    for k in range(num_layers):
-        chosen = [g for name, g in grads.items() if g is not None and block_of(name, k) and keep(name, g)]
-        if reduce == "sum of norms":
-            out.append(sum(float(g.norm()) for g in chosen))
-        else:
-            squares = sum(float((g ** 2).sum()) for g in chosen)
-            out.append(squares if reduce == "squared" else squares ** 0.5)
-    return out[::-1] if reverse else out
-
-
-GRADIENT_BUGS = [
-    (dict(block_of=lambda name, k: name.startswith(str(k))), "starts with '1' as well as '10'"),
-    (dict(reduce="sum of norms"), "norms of a block's parameters were added up"),
-    (dict(reduce="squared"), "square root is missing"),
-    (dict(reverse=True), "reverse order"),
-    (dict(keep=lambda name, g: g.dim() >= 2), "only the weight matrices"),
-]
-
-
-@pytest.mark.parametrize(("kwargs", "fragment"), GRADIENT_BUGS)
-def test_check_gradient_norm_per_block_names_the_bug(kwargs, fragment):
-    from course_utils.checks import check_gradient_norm_per_block
-
-    with pytest.raises(CheckError, match=fragment):
-        check_gradient_norm_per_block(lambda grads, num_layers: _per_block(grads, num_layers, **kwargs))
-
-
-def test_check_gradient_norm_per_block_accepts_right_answers(capsys):
-    from course_utils.checks import check_gradient_norm_per_block
-
-    check_gradient_norm_per_block(lambda grads, num_layers: _per_block(grads, num_layers))
-    check_gradient_norm_per_block(notebook_solution("08_training_deep_stacks", "gradient_norm_per_block"), seed=3, N=2)
-    assert capsys.readouterr().out.count("all checks passed") == 2
+# --- notebook 08: the warm-up task ---------------------------------------------------------------------------
 
 
 def test_the_warmup_task_draws_distinct_tokens_and_the_order_free_reference_is_one_in_t_minus_1():

@@ -86,7 +86,7 @@ from course_utils.checks.self_attention import (
     check_scaled_dot_product_attention,
     check_top_keys,
 )
-from course_utils.checks.deep_stacks import check_gradient_norm_per_block
+from course_utils.checks.deep_stacks import check_adam_step
 from course_utils.checks.transformer import (
     check_decoder_layer_forward,
     check_is_pre_ln,
@@ -124,7 +124,7 @@ __all__ = [
     "check_next_token_loss",
     "check_online_softmax_update",
     "check_decoder_layer_forward",
-    "check_gradient_norm_per_block",
+    "check_adam_step",
     "check_is_pre_ln",
     "check_layer_norm",
     "check_luong_step",

@@ -1,4 +1,5 @@
-"""Deep stacks of encoder blocks: gradients at initialisation, and training with and without warm-up (notebook 08).
+"""Deep stacks of encoder blocks: gradients at initialisation, training with and without warm-up, and one Adam step
+(notebook 08).
 
 A pre-LN stack ends with a final LayerNorm, as in the course's transformer, in
 GPT-2 and in Xiong et al. (2020): without it the un-normalised residual stream
@@ -18,25 +19,31 @@ from course_utils.blocks.transformer import LayerNorm, TransformerEncoderBlock
 from course_utils.experiments.loop import fit, training_steps
 
 
-def gradient_norm_per_block(grads: dict[str, torch.Tensor | None], num_layers: int) -> list[float]:
-    """The norm of the gradient of each block of a stack, from its parameters' gradients (notebook 08, exercise).
+def adam_step(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int, lr: float,
+              betas: tuple[float, float] = (0.9, 0.999),
+              eps: float = 1e-8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One Adam update of a tensor of parameters (Kingma and Ba 2015, Algorithm 1), as torch.optim.Adam takes it.
+
+    Notebook 08's exercise. ``eps`` is added to the square root of the bias-corrected ``v``, as PyTorch adds it.
 
     Args:
-        grads: ``{name: gradient}`` for every parameter of a stack of ``num_layers`` blocks,
-            named as ``nn.ModuleList(blocks).named_parameters()`` names them: ``"<block index>.<name in
-            the block>"``, e.g. ``"11.self_attn.q_proj.weight"``. ``None`` for a parameter the loss does
-            not depend on.
-        num_layers: N, the number of blocks.
+        param: The parameters before the step, any shape.
+        grad: Their gradient g_t, the shape of ``param``.
+        m, v: The running averages m_{t-1} and v_{t-1} (zeros before step 1), the shape of ``param``.
+        t: The number of this step, counted from 1.
+        lr: The learning rate.
+        betas: beta1 and beta2, the decay rates of m and v.
+        eps: Added to the denominator.
 
     Returns:
-        N floats, block 0 first: the square root of the sum of the squares of all the entries of all
-        the gradients of that block's parameters (0.0 for a block without any).
+        New tensors (the inputs are left unchanged): the parameters after the step, m_t and v_t.
     """
-    squares = [0.0] * num_layers
-    for name, grad in grads.items():
-        if grad is not None:
-            squares[int(name.split(".")[0])] += float((grad ** 2).sum())  # "11.self_attn..." -> block 11
-    return [math.sqrt(s) for s in squares]
+    beta1, beta2 = betas
+    m = beta1 * m + (1 - beta1) * grad  # average of the gradients
+    v = beta2 * v + (1 - beta2) * grad ** 2  # average of their squares
+    m_hat = m / (1 - beta1 ** t)  # both averages start at 0: divide out that bias
+    v_hat = v / (1 - beta2 ** t)
+    return param - lr * m_hat / (v_hat.sqrt() + eps), m, v
 
 
 class WithoutResidual(nn.Module):
@@ -85,7 +92,11 @@ def gradient_norms_by_layer(num_layers: int, norm_first: bool, residual_connecti
     loss = ((final(h) - target) ** 2).mean()
     names, params = zip(*stack.named_parameters())  # "0.self_attn.q_proj.weight", ...
     grads = torch.autograd.grad(loss, params, allow_unused=True)  # one gradient (or None) per parameter
-    return gradient_norm_per_block(dict(zip(names, grads)), num_layers)
+    squares = [0.0] * num_layers
+    for name, grad in zip(names, grads):
+        if grad is not None:
+            squares[int(name.split(".")[0])] += float((grad ** 2).sum())  # "11.self_attn..." -> block 11
+    return [math.sqrt(s) for s in squares]  # G_l: all of block l's gradients taken as one vector
 
 
 @dataclass(frozen=True)
