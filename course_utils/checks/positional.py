@@ -196,7 +196,7 @@ def _to_rotate_half_once(fn: Callable[[torch.Tensor, int], Any], seed: int, H: i
         suspects = {
             "nothing was reordered": tensor,
             "these are the rows reordered the other way, from rotate-half back to the paper's pairs: the row that "
-            "goes to slot n is feature perm[n], not the slot that feature n goes to": tensor[inverse],
+            "goes to rotate-half slot n is the paper's feature that slot n must hold, not the slot that feature n goes to": tensor[inverse],
         }
         if H > 1:
             suspects["the rows were reordered across the whole width D, as if it were one head: pairs (2f, 2f + 1) "
@@ -205,8 +205,8 @@ def _to_rotate_half_once(fn: Callable[[torch.Tensor, int], Any], seed: int, H: i
             suspects["the columns were reordered: the rows of an nn.Linear weight are its output features, the "
                      "queries or keys that get rotated"] = tensor[:, within]
         check_close(got, tensor[within], name=f"the converted {label} (H = {H}, Dh = {Dh})", suspects=suspects,
-                    hint="within each head, the rotate-half slot n holds the paper's feature perm[n], with "
-                         "perm = [0, 2, 4, ..., 1, 3, 5, ...]")
+                    hint="within each head, rotate-half slot f must hold the first member of the paper's pair f, and "
+                         "slot f + Dh/2 its second member (section 3 prints both layouts' pairs)")
     # what it is for: the same scores from the rotate-half code
     x = torch.randn(1, 5, D_in, generator=g)  # (B, T, D_in)
 
