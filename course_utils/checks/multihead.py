@@ -203,8 +203,8 @@ def _mha_variant(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pr
 
 _SDPA_RULED_OUT = ("the values are right, but your function calls scaled_dot_product_attention (the course's, or "
                    "PyTorch's F.scaled_dot_product_attention), which the exercise rules out: the batched steps are "
-                   "yours to write. Compute the scores as one batched product, divide them as each head of the loop does, and "
-                   "normalise them with masked_softmax")
+                   "yours to write. Compute the scores as one batched product, divide them as each head of the loop "
+                   "does, and normalise them with masked_softmax")
 _LENGTHS = ("key and value may be longer than query (S != T): take their length from their own shape, not from "
             "query's; the mask may have any shape that broadcasts to (B, H, T, S)")
 
