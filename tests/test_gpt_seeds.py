@@ -67,43 +67,46 @@ def test_dropout_raises_the_validation_loss_at_notebook_10s_budget(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.evidence("11", "the copying model on seeds 0 to 4 (1,500 steps, copies placed at random): the steep fall "
-                            "of its loss began within 1,500 steps on four seeds, at different steps, and not on the "
-                            "fifth; on each of the four, block 0's two heads look back n and n - 1 positions and block "
-                            "1's heads look n - 1 positions after the induction position, at every gap from 1 on (at "
-                            "gap 0 that key is the query's own), rather than at the induction position itself")
+@pytest.mark.timeout(2400)  # five runs of 3,000 steps; on a busy machine they took more than the default 900 s
+@pytest.mark.evidence("11", "the copying model on seeds 0 to 4 (3,000 steps; segments of 2 to 10 tokens placed at random, "
+                            "half the tokens set by the rule): it began to copy on four of the five seeds, seed 0 among "
+                            "them, at different steps; on each of the four, block 0 has a previous-token head, block 1 a "
+                            "head whose weight on the induction position is several times an even share at every distance "
+                            "between the copies, and removing either of the two raises the loss on the copyable positions")
 def test_the_copying_model_on_five_seeds():
-    # Measured (this machine): loss on the copyable positions at steps 1000 / 1500: seed 0 2.80 / 0.85 (first below
-    # 1 nat at step 1400), seed 1 2.78 / 1.80, seed 2 2.90 / 1.34, seed 3 2.75 / 1.14, seed 4 2.79 / 2.53. Block 0's
-    # strongest look-backs 8 and 7 on seeds 0 to 3 (weights 0.39 to 0.72); block 1's mean weight on the induction
-    # position + 7: 0.67, 0.46, 0.42, 0.65 (seed 4: 0.08), at most 0.03 on the induction position itself.
-    config = lm.InductionConfig()
-    n = config.n
-    fell = []
+    # Measured (this machine, MKL_CBWR=AVX2), loss on the copyable positions at steps 2000 / 2500 / 3000:
+    # seed 0 2.44 / 1.85 / 1.42 (first below 2 nats at step 2500), seed 1 2.54 / 2.26 / 1.59, seed 2 1.96 / 1.46 /
+    # 1.29, seed 3 2.65 / 2.63 / 2.57 (no copying; block 0's heads 0.66 and 0.74 on the previous position, block 1 at
+    # most 0.21 on the induction position), seed 4 2.59 / 2.39 / 1.65. On seeds 0, 1, 2, 4: block 0's strongest
+    # previous-token head 0.98 / 0.99 / 0.88 / 0.95 on key i - 1; block 1's strongest induction head 0.43-0.59 /
+    # 0.22-0.60 / 0.42-0.68 / 0.36-0.58 on the induction position across distances 2 to 14 (an even share is about
+    # 0.09 at d = 2, less beyond); removing that previous-token head +1.94 / +1.66 / +1.32 / +1.32 nats, that
+    # induction head +0.77 / +0.57 / +1.36 / +0.69. On seeds 0 and 1 both heads of block 1 attend to the induction
+    # position (removing the weaker: +0.46 / +0.51), so the claim is not that the other heads matter less.
+    copied = []
     for seed in range(5):
-        model, measured, losses = lm.train_on_repeats(lm.InductionConfig(seed=seed))
-        at = dict(zip(measured, losses))
-        steepest = max(at[s - 100] - at[s] for s in measured if s >= 650)
-        if at[1500] < 2.2:  # the steep fall has begun
-            assert steepest > 0.3, (seed, steepest)
-            fell.append(seed)
-        else:
-            assert at[1500] > 2.3, (seed, at[1500])  # no fall begun, and not borderline
+        config = lm.InductionConfig(seed=seed)
+        model, measured, losses = lm.train_on_repeats(config)
+        final = losses["copyable positions"][-1]
+        if final > 2.2:  # it has not begun to copy, and is not borderline
+            assert final > 2.4, (seed, final)
             continue
-        tokens, copyable, lag = lm.repeated_segments(256, n, config.max_gap, config.length, config.vocab_size,
-                                                     torch.Generator().manual_seed(10_000))
+        copied.append(seed)
+        tokens, marks, lag = lm.copy_task(512, config, torch.Generator().manual_seed(20_000))
         maps = lm.attention_weights(model, tokens[:, :-1])  # (B, 2, H, T, T)
-        back = torch.stack([maps[:, 0].diagonal(offset=-b, dim1=-2, dim2=-1).mean(dim=(0, -1))
-                            for b in range(1, n + 1)])  # (n, H): block 0's weight b = 1 .. n positions back
-        assert sorted(int(back[:, h].argmax()) + 1 for h in range(config.num_heads)) == [n - 1, n], (seed, back)
-        rows, queries = copyable.nonzero(as_tuple=True)
-        after = (queries - lag[rows] + 1)[:, None] + torch.arange(n)  # the induction position and the n - 1 after it
-        seen = maps[rows[:, None], 1, :, queries[:, None], after].mean(dim=2)  # (N, n): block 1, mean over heads
-        gap = lag[rows] - n
-        assert int(seen.mean(dim=0).argmax()) == n - 1 and seen[:, n - 1].mean() > 0.3, (seed, seen.mean(dim=0))
-        # At every gap from 1 on, more on the shifted position than on the induction one. At gap 0 the shifted key is
-        # the query's own position, so weight there says nothing about matching (seed 1: 0.11 against 0.06 there).
-        for g in range(1, config.max_gap + 1):
-            assert seen[gap == g, n - 1].mean() > 2 * seen[gap == g, 0].mean(), (seed, g)
-    # Fails if the fall comes on every seed within 1,500 steps (or on none but the notebook's).
-    assert 0 in fell and 2 <= len(fell) <= 4, fell
+        previous = maps[:, 0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, -1))  # (H,): block 0, key i - 1
+        previous_head = int(previous.argmax())
+        assert previous[previous_head] > 0.6, (seed, previous)
+        rows, queries = marks.nonzero(as_tuple=True)
+        on_induction = maps[rows, 1, :, queries, queries - lag[rows] + 1]  # (N, H): block 1, the induction position
+        distances = sorted(set(lag[rows].tolist()))
+        per_distance = torch.stack([on_induction[lag[rows] == d].mean(dim=0) for d in distances])  # (distances, H)
+        even = torch.tensor([(1 / (queries[lag[rows] == d] + 1)).mean().item() for d in distances])
+        induction_head = int(per_distance.mean(dim=0).argmax())
+        assert distances[0] == 2 and (per_distance[:, induction_head] > 2 * even).all(), (seed, per_distance, even)
+        assert (per_distance[1:, induction_head] > 3 * even[1:]).all(), (seed, per_distance, even)
+        everything = lm.copy_loss(model, tokens, marks)
+        assert lm.loss_without_head(model, 0, previous_head, tokens, marks) > everything + 0.3, seed
+        assert lm.loss_without_head(model, 1, induction_head, tokens, marks) > everything + 0.3, seed
+    # Fails if every seed copies within the budget, or fewer than three do.
+    assert 0 in copied and 3 <= len(copied) <= 4, copied

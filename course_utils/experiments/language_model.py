@@ -274,12 +274,12 @@ def make_checkpoint(path: str | Path, steps: int = 500, batch_size: int = 16, nu
 
 def repeated_segments(batch_size: int, n: int, max_gap: int, length: int, vocab_size: int,
                       generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random tokens in which a segment of ``n`` tokens comes back after a random gap (notebook 11, induction heads).
+    """Random tokens in which a segment of ``n`` tokens comes back after a random gap (notebook 11's earlier task).
 
     Each row holds ``length + 1`` random tokens. A segment of ``n`` of them, starting at a random position, comes
-    back after a gap of 0 to ``max_gap`` random tokens. The start and the gap are drawn for each row, so neither the
-    positions of the copies nor the distance between them is fixed: only a model that finds the earlier occurrence
-    of the current token and reads what followed it can predict the second copy.
+    back after a gap of 0 to ``max_gap`` random tokens. With ``n`` the same in every row, a two-block model learned
+    to look back fixed distances (n and n - 1) instead of one token; notebook 11 now trains on :func:`copy_task`,
+    which draws the segment's length for each row.
 
     Returns:
         ``(tokens, copyable, lag)``: tokens (B, length + 1) int64; copyable (B, length) bool, True at the positions
@@ -300,50 +300,85 @@ def repeated_segments(batch_size: int, n: int, max_gap: int, length: int, vocab_
 
 @dataclass(frozen=True)
 class InductionConfig:
-    """A two-block model trained on repeated random segments (notebook 11)."""
+    """A two-block model trained on random tokens in which a segment comes back (notebook 11)."""
 
-    steps: int = 1500  # optimizer steps (COURSE_UTILS_SMOKE=1: 3)
+    steps: int = 3000  # optimizer steps (COURSE_UTILS_SMOKE=1: 3)
     batch_size: int = 64  # B sequences per step
-    n: int = 8  # length of the repeated segment
-    max_gap: int = 8  # the gap between the two copies: 0 .. max_gap random tokens
-    length: int = 24  # T, the tokens a model reads (the copies start at random; 2 n + max_gap <= T + 1)
-    vocab_size: int = 32  # V, random tokens
+    min_n: int = 2  # the repeated segment's length n is drawn from min_n .. max_n for each sequence
+    max_n: int = 10
+    max_gap: int = 4  # the gap between the two copies: 0 .. max_gap tokens, drawn for each sequence
+    length: int = 24  # T, the tokens a model reads (2 max_n + max_gap <= T + 1)
+    vocab_size: int = 32  # V
+    rule_share: float = 0.5  # the share of tokens set by the rule, which reads the two tokens before them
     d_model: int = 32  # D
     num_heads: int = 2  # H
     lr: float = 3e-3  # constant after a warm-up of 30 steps; AdamW without weight decay, clipping at 1
-    eval_every: int = 50  # steps between two measurements of the loss on the copyable positions
+    eval_every: int = 50  # steps between two measurements of the loss
     seed: int = 0  # the model's initial weights and the sequences drawn
 
 
-@torch.no_grad()
-def copy_loss(model: nn.Module, tokens: torch.Tensor, copyable: torch.Tensor) -> float:
-    """Mean next-token loss (nats) of ``model`` on the ``copyable`` positions of ``tokens`` (B, T + 1)."""
-    logits = model(tokens[:, :-1])  # (B, T, V)
-    losses = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")  # (B, T)
-    return losses[copyable].mean().item()
+def copy_task(batch_size: int, config: InductionConfig,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random tokens, some set by a fixed rule, in which a segment of random length comes back (notebook 11).
 
-
-def train_on_repeats(config: InductionConfig, label: str = "induction") -> tuple[GPT, list[int], list[float]]:
-    """Train a two-block ``GPT`` on :func:`repeated_segments` and measure its loss on the copyable positions.
+    Each row holds ``length + 1`` tokens. A token is random, or with probability ``rule_share`` set by a fixed rule
+    from the two tokens before it: after a, b comes ``rule[a, b]``. Then a segment of n tokens (n drawn from
+    ``min_n .. max_n`` for each row), starting at a random position, comes back after a gap of 0 to ``max_gap``
+    tokens. Neither the place of the copies nor the distance between them is fixed, so only a model that finds the
+    earlier occurrence of the current token and reads what followed it predicts the second copy. The rule gives a
+    previous-token head a use of its own, as the statistics of words do in a real text.
 
     Returns:
-        The model (eval mode), the steps at which the loss was measured, and that loss on 256 held-out sequences.
+        ``(tokens, copyable, lag)``: tokens (B, length + 1) int64; copyable (B, length) bool, True at the positions
+        whose next token is the copy of a known one (the second copy's first n - 1 positions); lag (B,) int64, how
+        far the second copy sits after the first (n + gap), so that query i's induction position is i - lag + 1.
+    """
+    V, T = config.vocab_size, config.length
+    rule = torch.randint(0, V, (V, V), generator=torch.Generator().manual_seed(12345))  # (V, V): after a, b
+    tokens = torch.randint(0, V, (batch_size, T + 1), generator=generator)  # (B, T + 1) random tokens
+    follows = torch.rand(batch_size, T + 1, generator=generator) < config.rule_share  # (B, T + 1)
+    for i in range(2, T + 1):
+        tokens[:, i] = torch.where(follows[:, i], rule[tokens[:, i - 2], tokens[:, i - 1]], tokens[:, i])  # (B,)
+    n = torch.randint(config.min_n, config.max_n + 1, (batch_size,), generator=generator)  # (B,): segment lengths
+    gaps = torch.randint(0, config.max_gap + 1, (batch_size,), generator=generator)  # (B,)
+    lag = n + gaps  # (B,): how far the second copy sits after the first
+    starts = (torch.rand(batch_size, generator=generator) * (T + 2 - n - lag)).long()  # (B,): both copies fit
+    position = torch.arange(T + 1)  # (T + 1,)
+    begin = (starts + lag)[:, None]  # (B, 1): where the second copy begins
+    in_copy = (position >= begin) & (position < begin + n[:, None])  # (B, T + 1)
+    tokens = tokens.gather(1, torch.where(in_copy, position - lag[:, None], position))  # (B, T + 1)
+    copyable = in_copy[:, :T] & (position[:T] < begin + n[:, None] - 1)  # (B, T): the next token is a copy
+    return tokens, copyable, lag
+
+
+@torch.no_grad()
+def copy_loss(model: nn.Module, tokens: torch.Tensor, positions: torch.Tensor) -> float:
+    """Mean next-token loss (nats) of ``model`` at the marked ``positions`` (B, T) of ``tokens`` (B, T + 1)."""
+    logits = model(tokens[:, :-1])  # (B, T, V)
+    losses = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")  # (B, T)
+    return losses[positions].mean().item()
+
+
+def train_on_repeats(config: InductionConfig,
+                     label: str = "induction") -> tuple[GPT, list[int], dict[str, list[float]]]:
+    """Train a two-block ``GPT`` on :func:`copy_task` and measure its loss on the copyable positions and the others.
+
+    Returns:
+        The model (eval mode), the steps at which the loss was measured, and that loss on 256 held-out sequences,
+        ``{"copyable positions": [...], "other positions": [...]}``.
     """
     torch.manual_seed(config.seed)
     model = GPT(GPTConfig(vocab_size=config.vocab_size, max_len=config.length, d_model=config.d_model,
                           num_heads=config.num_heads, num_layers=2, d_ff=4 * config.d_model, dropout=0.0))
     generator = torch.Generator().manual_seed(config.seed)
-    test = repeated_segments(256, config.n, config.max_gap, config.length, config.vocab_size,
-                             torch.Generator().manual_seed(10_000))[:2]
+    tokens, copyable, _ = copy_task(256, config, torch.Generator().manual_seed(10_000))  # held out
     optimizer = adamw_for(model, config.lr, weight_decay=0.0)
-    steps, measured, losses = training_steps(config), [], []
+    steps, measured, losses = training_steps(config), [], {"copyable positions": [], "other positions": []}
     start = time.perf_counter()
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = warmup_cosine(step, steps, config.lr, 30, config.lr)  # min_lr = peak: constant after warm-up
-        tokens = repeated_segments(config.batch_size, config.n, config.max_gap, config.length, config.vocab_size,
-                                   generator)[0]
-        loss = next_token_loss(model, tokens)  # every position; only the copyable ones can be learned
+        loss = next_token_loss(model, copy_task(config.batch_size, config, generator)[0])  # every position
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -351,7 +386,25 @@ def train_on_repeats(config: InductionConfig, label: str = "induction") -> tuple
         if (step + 1) % config.eval_every == 0 or step + 1 == steps:
             model.eval()
             measured.append(step + 1)
-            losses.append(copy_loss(model, *test))
+            losses["copyable positions"].append(copy_loss(model, tokens, copyable))
+            losses["other positions"].append(copy_loss(model, tokens, ~copyable))
             model.train()
     record_training(label, time.perf_counter() - start)
     return model.eval(), measured, losses
+
+
+def loss_without_head(model: GPT, block: int, head: int, tokens: torch.Tensor, positions: torch.Tensor) -> float:
+    """:func:`copy_loss` of ``model`` with one head removed (the ablation of Olsson et al. 2022; notebook 11).
+
+    A head reaches the residual stream only through its D_h columns of its block's ``out_proj``: they are set to
+    zero for the measurement, then restored.
+    """
+    weight = model.blocks[block].self_attn.out_proj.weight  # (D, D): column block h is head h's way out
+    Dh = weight.shape[1] // model.config.num_heads
+    kept = weight.detach().clone()
+    with torch.no_grad():
+        weight[:, head * Dh:(head + 1) * Dh] = 0.0  # head h's output no longer reaches the residual stream
+    loss = copy_loss(model, tokens, positions)
+    with torch.no_grad():
+        weight.copy_(kept)
+    return loss
