@@ -346,18 +346,19 @@ def test_shipped_checkpoints_match_the_readme_and_load_as_a_gpt(name):
     assert not model.training and all(p.dtype == torch.float32 for p in model.parameters())
 
 
-def test_repeated_segments_repeat_the_segment_after_a_gap_and_mark_the_copyable_positions():
-    tokens, copyable, lag = lm.repeated_segments(1000, 5, 4, 20, 7, torch.Generator().manual_seed(0))
-    assert tokens.shape == (1000, 21) and copyable.shape == (1000, 20) and lag.shape == (1000,)
-    assert (copyable.sum(1) == 4).all()
-    gaps, firsts = set(), set()
+def test_copy_task_repeats_a_segment_of_random_length_and_marks_the_copyable_positions():
+    config = lm.InductionConfig()
+    tokens, copyable, lag = lm.copy_task(1000, config, torch.Generator().manual_seed(0))
+    T = config.length
+    assert tokens.shape == (1000, T + 1) and copyable.shape == (1000, T) and lag.shape == (1000,)
+    lengths, gaps = set(), set()
     for row, marks, distance in zip(tokens, copyable, lag.tolist()):
-        second = int(marks.nonzero()[0])  # the second copy's first position
+        queries = marks.nonzero().flatten()  # the second copy's first n - 1 positions
+        n, second = len(queries) + 1, int(queries[0])
         first = second - distance
-        gaps.add(distance - 5)
-        firsts.add(first)
-        assert first >= 0 and torch.equal(row[second:second + 5], row[first:first + 5])
-        queries = marks.nonzero().flatten()
+        lengths.add(n)
+        gaps.add(distance - n)
+        assert first >= 0 and torch.equal(row[second:second + n], row[first:first + n])
         assert torch.equal(row[queries - distance + 1], row[queries + 1]), "the induction position holds the next token"
-    assert gaps == set(range(5)), "every gap from 0 to max_gap occurs"
-    assert firsts == set(range(12)), "the first copy starts anywhere from 0 to length + 1 - 2 n"
+    assert lengths == set(range(config.min_n, config.max_n + 1)), "every segment length occurs"
+    assert gaps == set(range(config.max_gap + 1)), "every gap occurs"

@@ -272,32 +272,6 @@ def make_checkpoint(path: str | Path, steps: int = 500, batch_size: int = 16, nu
     return evaluate(model, evaluation_windows(val_ids, 64))
 
 
-def repeated_segments(batch_size: int, n: int, max_gap: int, length: int, vocab_size: int,
-                      generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random tokens in which a segment of ``n`` tokens comes back after a random gap (notebook 11's earlier task).
-
-    Each row holds ``length + 1`` random tokens. A segment of ``n`` of them, starting at a random position, comes
-    back after a gap of 0 to ``max_gap`` random tokens. With ``n`` the same in every row, a two-block model learned
-    to look back fixed distances (n and n - 1) instead of one token; notebook 11 now trains on :func:`copy_task`,
-    which draws the segment's length for each row.
-
-    Returns:
-        ``(tokens, copyable, lag)``: tokens (B, length + 1) int64; copyable (B, length) bool, True at the positions
-        whose next token is the copy of a known one (the second copy's first n - 1 positions); lag (B,) int64, how
-        far the second copy sits after the first (n + gap), so that query i's induction position is i - lag + 1.
-    """
-    tokens = torch.randint(0, vocab_size, (batch_size, length + 1), generator=generator)  # (B, T + 1)
-    gaps = torch.randint(0, max_gap + 1, (batch_size,), generator=generator)  # (B,)
-    last_start = length + 1 - 2 * n - gaps  # (B,): the latest start at which both copies still fit
-    starts = (torch.rand(batch_size, generator=generator) * (last_start + 1)).long()  # (B,): 0 .. last_start
-    copyable = torch.zeros(batch_size, length, dtype=torch.bool)  # (B, T)
-    for b, (start, gap) in enumerate(zip(starts.tolist(), gaps.tolist())):
-        second = start + n + gap  # where the second copy begins
-        tokens[b, second:second + n] = tokens[b, start:start + n]
-        copyable[b, second:second + n - 1] = True  # from the second copy's first token on, the next one is known
-    return tokens, copyable, n + gaps
-
-
 @dataclass(frozen=True)
 class InductionConfig:
     """A two-block model trained on random tokens in which a segment comes back (notebook 11)."""
@@ -324,9 +298,9 @@ def copy_task(batch_size: int, config: InductionConfig,
     Each row holds ``length + 1`` tokens. A token is random, or with probability ``rule_share`` set by a fixed rule
     from the two tokens before it: after a, b comes ``rule[a, b]``. Then a segment of n tokens (n drawn from
     ``min_n .. max_n`` for each row), starting at a random position, comes back after a gap of 0 to ``max_gap``
-    tokens. Neither the place of the copies nor the distance between them is fixed, so only a model that finds the
-    earlier occurrence of the current token and reads what followed it predicts the second copy. The rule gives a
-    previous-token head a use of its own, as the statistics of words do in a real text.
+    tokens. Neither the place of the copies nor the distance between them is fixed, so no fixed look-back reaches the
+    token to copy: a model must find the earlier occurrence of the current token and read what followed it. The
+    rule gives a previous-token head a use of its own, as the statistics of words do in a real text.
 
     Returns:
         ``(tokens, copyable, lag)``: tokens (B, length + 1) int64; copyable (B, length) bool, True at the positions
@@ -404,7 +378,8 @@ def loss_without_head(model: GPT, block: int, head: int, tokens: torch.Tensor, p
     kept = weight.detach().clone()
     with torch.no_grad():
         weight[:, head * Dh:(head + 1) * Dh] = 0.0  # head h's output no longer reaches the residual stream
-    loss = copy_loss(model, tokens, positions)
-    with torch.no_grad():
-        weight.copy_(kept)
-    return loss
+    try:
+        return copy_loss(model, tokens, positions)
+    finally:
+        with torch.no_grad():
+            weight.copy_(kept)  # the head back, also if the measurement fails
