@@ -239,7 +239,7 @@ def test_is_pre_ln_tells_the_placements_apart_for_pytorch_layers(norm_first):
 def test_gradients_fade_without_residuals_and_pre_ln_reaches_the_first_block():
     pre = deep_stacks.gradient_norms_by_layer(24, norm_first=True)
     post = deep_stacks.gradient_norms_by_layer(24, norm_first=False)
-    no_residual = deep_stacks.gradient_norms_by_layer(24, norm_first=True, residual_connections=False)
+    no_residual = deep_stacks.gradient_norms_without_residual(24, norm_first=True)
     assert len(pre) == 24 and all(g > 0 for g in pre + post + no_residual)
     assert pre[0] > pre[-1]  # pre-LN: the first block gets at least as much as the last
     assert post[-1] > 1.5 * post[0]  # post-LN: concentrated near the output

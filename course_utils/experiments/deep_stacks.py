@@ -60,9 +60,8 @@ class WithoutResidual(nn.Module):
         return b.norm2(b.feed_forward(b.norm1(b.self_attn(x))))  # post-LN without the additions
 
 
-def gradient_norms_by_layer(num_layers: int, norm_first: bool, residual_connections: bool = True, d_model: int = 64,
-                            num_heads: int = 4, d_ff: int = 128, B: int = 8, T: int = 16,
-                            seed: int = 0, final_norm: bool | None = None) -> list[float]:
+def gradient_norms_by_layer(num_layers: int, norm_first: bool, d_model: int = 64, num_heads: int = 4, d_ff: int = 128,
+                            B: int = 8, T: int = 16, seed: int = 0, final_norm: bool | None = None) -> list[float]:
     """Gradient norm of each block's parameters at initialisation, for a stack of encoder blocks (notebook 08).
 
     The loss is the mean squared error between the stack's output and a random target.
@@ -70,7 +69,6 @@ def gradient_norms_by_layer(num_layers: int, norm_first: bool, residual_connecti
     Args:
         num_layers: N, the number of blocks.
         norm_first: Pre-LN (True) or post-LN (False).
-        residual_connections: Keep (True) or remove (False) the residual additions.
         d_model, num_heads, d_ff: Block sizes.
         B, T: Batch size and sequence length of the random input.
         seed: Seed for the weights, input and target.
@@ -82,21 +80,47 @@ def gradient_norms_by_layer(num_layers: int, norm_first: bool, residual_connecti
         N gradient norms, from block 0 (nearest the input) to block N - 1.
     """
     torch.manual_seed(seed)
-    blocks = [TransformerEncoderBlock(d_model, num_heads, d_ff, norm_first=norm_first) for _ in range(num_layers)]
+    blocks = nn.ModuleList(TransformerEncoderBlock(d_model, num_heads, d_ff, norm_first=norm_first)
+                           for _ in range(num_layers))
     final = nn.LayerNorm(d_model) if (norm_first if final_norm is None else final_norm) else nn.Identity()
     x, target = torch.randn(B, T, d_model), torch.randn(B, T, d_model)  # (B, T, D) each
-    stack = nn.ModuleList(blocks if residual_connections else [WithoutResidual(block) for block in blocks])
     h = x
-    for block in stack:
+    for block in blocks:
         h = block(h)  # (B, T, D) -> (B, T, D)
     loss = ((final(h) - target) ** 2).mean()
-    names, params = zip(*stack.named_parameters())  # "0.self_attn.q_proj.weight", ...
-    grads = torch.autograd.grad(loss, params, allow_unused=True)  # one gradient (or None) per parameter
+    names, params = zip(*blocks.named_parameters())  # "0.self_attn.q_proj.weight", ...
+    grads = torch.autograd.grad(loss, params)  # one gradient per parameter
     squares = [0.0] * num_layers
     for name, grad in zip(names, grads):
-        if grad is not None:
-            squares[int(name.split(".")[0])] += float((grad ** 2).sum())  # "11.self_attn..." -> block 11
+        squares[int(name.split(".")[0])] += float((grad ** 2).sum())  # "11.self_attn..." -> block 11
     return [math.sqrt(s) for s in squares]  # G_l: all of block l's gradients taken as one vector
+
+
+def gradient_norms_without_residual(num_layers: int, norm_first: bool, d_model: int = 64, num_heads: int = 4,
+                                    d_ff: int = 128, B: int = 8, T: int = 16, seed: int = 0) -> list[float]:
+    """``gradient_norms_by_layer``'s measurement with the residual additions removed (lab 08).
+
+    The same blocks, input and target as ``gradient_norms_by_layer`` with the same arguments (the same draws
+    in the same order), each block wrapped in ``WithoutResidual``; a pre-LN stack keeps its final LayerNorm.
+
+    Returns:
+        N gradient norms, from block 0 (nearest the input) to block N - 1.
+    """
+    torch.manual_seed(seed)
+    blocks = nn.ModuleList(WithoutResidual(TransformerEncoderBlock(d_model, num_heads, d_ff, norm_first=norm_first))
+                           for _ in range(num_layers))
+    final = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+    x, target = torch.randn(B, T, d_model), torch.randn(B, T, d_model)  # (B, T, D) each
+    h = x
+    for block in blocks:
+        h = block(h)  # (B, T, D) -> (B, T, D)
+    loss = ((final(h) - target) ** 2).mean()
+    names, params = zip(*blocks.named_parameters())  # "0.block.self_attn.q_proj.weight", ...
+    grads = torch.autograd.grad(loss, params)
+    squares = [0.0] * num_layers
+    for name, grad in zip(names, grads):
+        squares[int(name.split(".")[0])] += float((grad ** 2).sum())
+    return [math.sqrt(s) for s in squares]
 
 
 @dataclass(frozen=True)
