@@ -26,7 +26,7 @@ from course_utils.blocks.gpt import GPT, GPTConfig, generate, next_token_loss
 from course_utils.blocks.masks import causal_mask
 from course_utils.blocks.multihead import split_heads
 from course_utils.experiments.data import DATA_DIR
-from course_utils.experiments.loop import record_training, training_steps
+from course_utils.experiments.loop import num_threads, record_training, training_steps
 
 CORPUS = DATA_DIR / "devils_dictionary.txt"
 """Ambrose Bierce, *The Devil's Dictionary* (1911), entries ABASEMENT to ZOOLOGY, runs of spaces collapsed."""
@@ -272,6 +272,20 @@ def make_checkpoint(path: str | Path, steps: int = 500, batch_size: int = 16, nu
     return evaluate(model, evaluation_windows(val_ids, 64))
 
 
+def multi_query_pairs(seeds: range | list[int], folder: str | Path) -> dict[int, tuple[float, float]]:
+    """Notebook 10's run with multi-head (G = H) and with multi-query attention (G = 1), from each seed (lab 11).
+
+    Returns ``{seed: (multi-head validation loss, multi-query validation loss)}``; each pair shares its seed, so the
+    two models start from the same draw of the other weights and read the same windows. The checkpoints are written
+    into ``folder`` and overwritten by the next seed. ``data/gpt_mqa_seeds.json`` holds seeds 0 to 7. Training runs on
+    one thread, as in the notebooks (``setup()``), so that the float path, and with it the losses, match theirs.
+    """
+    folder = Path(folder)
+    with num_threads(1):
+        return {seed: (make_checkpoint(folder / "mha.pt", seed=seed),
+                       make_checkpoint(folder / "mqa.pt", num_groups=1, seed=seed)) for seed in seeds}
+
+
 @dataclass(frozen=True)
 class InductionConfig:
     """A two-block model trained on random tokens in which a segment comes back (notebook 11)."""
@@ -287,7 +301,7 @@ class InductionConfig:
     d_model: int = 32  # D
     num_heads: int = 2  # H
     lr: float = 3e-3  # constant after a warm-up of 30 steps; AdamW without weight decay, clipping at 1
-    eval_every: int = 50  # steps between two measurements of the loss
+    eval_every: int = 100  # steps between two measurements of the loss
     seed: int = 0  # the model's initial weights and the sequences drawn
 
 
