@@ -38,6 +38,7 @@ from course_utils.blocks.attention import (
     scaled_scores,
     validate_attention_inputs,
 )
+from course_utils.blocks.gpt import generate_with_cache
 from course_utils.blocks.masks import causal_mask, padding_mask, padding_mask_for
 from course_utils.blocks.multihead import (
     MultiHeadAttention,
@@ -163,6 +164,7 @@ __all__ = [
     "attention_entropy",
     "causal_mask",
     "frequencies",
+    "generate_with_cache",
     "adam_step",
     "gradient_norms_by_layer",
     "reversal_batch",

@@ -93,9 +93,21 @@ def test_generate_with_and_without_cache_draws_the_same_tokens():
     model = gpt.GPT(gpt.GPTConfig(vocab_size=11, max_len=30, d_model=32)).eval()
     prompt = torch.randint(0, 11, (2, 3))
     for kwargs in ({"temperature": 0.0}, {"temperature": 0.9, "top_k": 4}, {"temperature": 1.2, "top_p": 0.8}):
-        a = gpt.generate(model, prompt, 20, generator=torch.Generator().manual_seed(1), **kwargs)
-        b = gpt.generate(model, prompt, 20, generator=torch.Generator().manual_seed(1), use_cache=False, **kwargs)
+        a = gpt.generate_with_cache(model, prompt, 20, generator=torch.Generator().manual_seed(1), **kwargs)
+        b = gpt.generate(model, prompt, 20, generator=torch.Generator().manual_seed(1), **kwargs)
         assert torch.equal(a, b) and a.shape == (2, 23) and torch.equal(a[:, :3], prompt)
+
+
+def test_generate_slides_its_window_and_the_cache_restarts_beyond_max_len():
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=11, max_len=8, d_model=16, num_layers=1)).eval()
+    prompt = torch.randint(0, 11, (2, 3))
+    out = gpt.generate(model, prompt, 20, temperature=0.0)  # 23 tokens through a context of 8
+    with torch.no_grad():
+        for t in range(3, 23):  # each token is the argmax after the last 8 tokens before it
+            assert torch.equal(out[:, t], model(out[:, max(0, t - 8):t])[:, -1].argmax(-1))
+    cached = gpt.generate_with_cache(model, prompt, 20, temperature=0.0)
+    assert cached.shape == (2, 23) and torch.equal(cached[:, :9], out[:, :9])  # the same while the text fits
 
 
 def test_output_layer_is_tied_to_the_token_embedding():

@@ -17,7 +17,8 @@ notebook 03's ``scaled_dot_product_attention``. What is new:
   initialisation as in GPT-1 (Radford et al. 2018).
 * ``next_token_loss``: the cross-entropy of every next token, targets = inputs shifted by one.
 * ``filter_logits`` and ``generate``: greedy, temperature, top-k and top-p
-  sampling (Holtzman et al. 2020, arXiv:1904.09751), with or without the cache.
+  sampling (Holtzman et al. 2020, arXiv:1904.09751); ``generate_with_cache``
+  samples the same way with the KV cache (notebook 11).
 
 Masks are boolean, True = may attend, as everywhere in the course.
 Shapes: B batch, T new positions (queries), P cached positions, S = P + T keys,
@@ -282,18 +283,15 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
 
 @torch.no_grad()
 def generate(model: GPT, prompt: torch.Tensor, num_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             top_p: float | None = None, generator: torch.Generator | None = None,
-             use_cache: bool = True) -> torch.Tensor:
-    """Sample ``num_tokens`` tokens after ``prompt`` (notebook 10).
+             top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sample ``num_tokens`` tokens after ``prompt``, without a cache (notebook 10).
 
-    Each step divides the last position's logits by the temperature, filters
-    them with ``filter_logits`` and draws from the softmax; ``temperature=0``
-    means greedy decoding (the most likely token). Without the cache, the last
-    ``max_len`` tokens of the text go through the model at every step. With
-    it, only the newest token does, its keys and values joining the cache.
-    The two give the same tokens as long as the text fits in ``max_len``.
-    Beyond that the learned positions end, and the cache cannot slide: it
-    starts again from the last ``max_len // 2`` tokens.
+    Each step runs the model on the last ``max_len`` tokens of the text (a
+    window that slides once the text is longer than the context), divides the
+    last position's logits by the temperature, filters them with
+    ``filter_logits`` and draws from the softmax; ``temperature=0`` means
+    greedy decoding (the most likely token). ``generate_with_cache`` (notebook
+    11) gives the same tokens as long as the text fits in ``max_len``.
 
     Args:
         model: A ``GPT`` (put in eval mode by the caller).
@@ -302,7 +300,44 @@ def generate(model: GPT, prompt: torch.Tensor, num_tokens: int, temperature: flo
         temperature: > 0 divides the logits; 0 = greedy.
         top_k, top_p: As in ``filter_logits``.
         generator: For reproducible draws.
-        use_cache: Decode with the KV cache.
+
+    Returns:
+        (B, T0 + num_tokens) int64: the prompt and the new tokens.
+    """
+    tokens = prompt  # (B, T0)
+    for _ in range(num_tokens):
+        logits = model(tokens[:, -model.config.max_len:])  # the last max_len tokens at most: (B, T, V)
+        last = logits[:, -1]  # (B, V): scores of the next token
+        if temperature == 0:
+            next_token = last.argmax(dim=-1, keepdim=True)  # (B, 1)
+        else:
+            probs = torch.softmax(filter_logits(last / temperature, top_k, top_p), dim=-1)  # (B, V)
+            next_token = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+        tokens = torch.cat([tokens, next_token], dim=1)  # (B, t + 1)
+    return tokens
+
+
+@torch.no_grad()
+def generate_with_cache(model: GPT, prompt: torch.Tensor, num_tokens: int, temperature: float = 1.0,
+                        top_k: int | None = None, top_p: float | None = None,
+                        generator: torch.Generator | None = None) -> torch.Tensor:
+    """``generate`` with a KV cache: only the newest token goes through the model at each step (notebook 11).
+
+    The first step runs the prompt (its last ``max_len`` tokens) and keeps
+    every block's keys and values; each later step runs only the token just
+    drawn, its keys and values joining the cache. The sampling rule is
+    ``generate``'s, and the two give the same tokens as long as the text fits
+    in ``max_len``. Beyond that the learned positions end, and the cache
+    cannot slide: it starts again from the last ``max_len // 2`` tokens, so
+    the two keep different windows.
+
+    Args:
+        model: A ``GPT`` (put in eval mode by the caller).
+        prompt: (B, T0) int64 ids, T0 >= 1.
+        num_tokens: How many tokens to add.
+        temperature: > 0 divides the logits; 0 = greedy.
+        top_k, top_p: As in ``filter_logits``.
+        generator: For reproducible draws.
 
     Returns:
         (B, T0 + num_tokens) int64: the prompt and the new tokens.
@@ -310,9 +345,7 @@ def generate(model: GPT, prompt: torch.Tensor, num_tokens: int, temperature: flo
     max_len = model.config.max_len
     tokens, caches, start = prompt, None, 0  # the cache holds tokens[:, start:-1]
     for _ in range(num_tokens):
-        if not use_cache:
-            logits = model(tokens[:, -max_len:])  # every position of the window again: (B, T, V)
-        elif caches is None or tokens.shape[1] - start > max_len:  # the first step, or the cache is full
+        if caches is None or tokens.shape[1] - start > max_len:  # the first step, or the cache is full
             start = max(0, tokens.shape[1] - (max_len if caches is None else max_len // 2))
             logits, caches = model.forward_cached(tokens[:, start:])  # (B, T, V)
         else:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_utils.blocks.attention import masked_softmax, scaled_scores
-from course_utils.blocks.gpt import GPT, GPTConfig, generate, next_token_loss
+from course_utils.blocks.gpt import GPT, GPTConfig, generate, generate_with_cache, next_token_loss
 from course_utils.blocks.masks import causal_mask
 from course_utils.blocks.multihead import split_heads
 from course_utils.experiments.data import DATA_DIR
@@ -156,13 +156,18 @@ def train_language_model(model: GPT, train_data: torch.Tensor, config: LMTrainCo
 
 
 def time_generation(model: GPT, num_tokens: int, use_cache: bool, repeats: int = 3) -> float:
-    """Fastest of ``repeats`` runs: seconds per generated token when greedily generating ``num_tokens`` after one token."""
+    """Fastest of ``repeats`` runs: seconds per generated token when greedily generating ``num_tokens`` after one token.
+
+    With ``use_cache`` it times ``generate_with_cache``, without it ``generate``, which runs the whole text again at
+    every step.
+    """
     prompt = torch.zeros(1, 1, dtype=torch.long)
+    sample = generate_with_cache if use_cache else generate
     best = float("inf")
     model.eval()
     for _ in range(repeats):
         start = time.perf_counter()
-        generate(model, prompt, num_tokens, temperature=0.0, use_cache=use_cache)
+        sample(model, prompt, num_tokens, temperature=0.0)
         best = min(best, time.perf_counter() - start)
     return best / num_tokens
 
