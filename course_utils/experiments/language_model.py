@@ -281,7 +281,8 @@ def multi_query_pairs(seeds: range | list[int], folder: str | Path) -> dict[int,
     """Notebook 10's run with multi-head (G = H) and with multi-query attention (G = 1), from each seed (lab 11).
 
     Returns ``{seed: (multi-head validation loss, multi-query validation loss)}``; each pair shares its seed, so the
-    two models start from the same draw of the other weights and read the same windows. The checkpoints are written
+    two models read the same windows (their initial weights differ: the smaller key and value projections draw fewer
+    random numbers). The checkpoints are written
     into ``folder`` and overwritten by the next seed. ``data/gpt_mqa_seeds.json`` holds seeds 0 to 7. Training runs on
     one thread, as in the notebooks (``setup()``), so that the float path, and with it the losses, match theirs.
     """
