@@ -98,6 +98,20 @@ def test_generate_with_and_without_cache_draws_the_same_tokens():
         assert torch.equal(a, b) and a.shape == (2, 23) and torch.equal(a[:, :3], prompt)
 
 
+def test_generate_with_cache_samples_through_the_filter_it_is_given():
+    # notebook 10 passes the learner's filter_logits; a filter that keeps only token 3 must decide every draw
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=11, max_len=8, d_model=16, num_layers=1)).eval()
+    prompt = torch.randint(0, 11, (2, 3))
+
+    def only_three(logits, top_k, top_p):
+        return torch.full_like(logits, float("-inf")).index_fill(-1, torch.tensor([3]), 0.0)
+
+    out = gpt.generate_with_cache(model, prompt, 12, top_k=5, generator=torch.Generator().manual_seed(0),
+                                  filter_fn=only_three)
+    assert (out[:, 3:] == 3).all()
+
+
 def test_generate_slides_its_window_and_the_cache_restarts_beyond_max_len():
     torch.manual_seed(0)
     model = gpt.GPT(gpt.GPTConfig(vocab_size=11, max_len=8, d_model=16, num_layers=1)).eval()

@@ -320,7 +320,8 @@ def generate(model: GPT, prompt: torch.Tensor, num_tokens: int, temperature: flo
 @torch.no_grad()
 def generate_with_cache(model: GPT, prompt: torch.Tensor, num_tokens: int, temperature: float = 1.0,
                         top_k: int | None = None, top_p: float | None = None,
-                        generator: torch.Generator | None = None) -> torch.Tensor:
+                        generator: torch.Generator | None = None,
+                        filter_fn: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
     """``generate`` with a KV cache: only the newest token goes through the model at each step (notebook 11).
 
     The first step runs the prompt (its last ``max_len`` tokens) and keeps
@@ -338,11 +339,14 @@ def generate_with_cache(model: GPT, prompt: torch.Tensor, num_tokens: int, tempe
         temperature: > 0 divides the logits; 0 = greedy.
         top_k, top_p: As in ``filter_logits``.
         generator: For reproducible draws.
+        filter_fn: The top-k / top-p filter, called as ``filter_fn(logits, top_k, top_p)``; ``None`` means this
+            module's ``filter_logits`` (notebook 10 passes the learner's).
 
     Returns:
         (B, T0 + num_tokens) int64: the prompt and the new tokens.
     """
     max_len = model.config.max_len
+    filter_fn = filter_logits if filter_fn is None else filter_fn
     tokens, caches, start = prompt, None, 0  # the cache holds tokens[:, start:-1]
     for _ in range(num_tokens):
         if caches is None or tokens.shape[1] - start > max_len:  # the first step, or the cache is full
@@ -354,7 +358,7 @@ def generate_with_cache(model: GPT, prompt: torch.Tensor, num_tokens: int, tempe
         if temperature == 0:
             next_token = last.argmax(dim=-1, keepdim=True)  # (B, 1)
         else:
-            probs = torch.softmax(filter_logits(last / temperature, top_k, top_p), dim=-1)  # (B, V)
+            probs = torch.softmax(filter_fn(last / temperature, top_k, top_p), dim=-1)  # (B, V)
             next_token = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
         tokens = torch.cat([tokens, next_token], dim=1)  # (B, t + 1)
     return tokens
