@@ -1079,6 +1079,14 @@ NEW_KINDS = {
          "        e = math.e ** (scores - scores.amax(dim=-1, keepdim=True))\n"
          "        outs.append(e / e.sum(dim=-1, keepdim=True) @ v[..., :end, :])\n    n = -(-T // block_size)\n"
          "    return torch.cat(outs, dim=-2), n * (n + 1) // 2\n", "score tile wider than C"),
+        # lecturer's read: one query at a time, its scores by `*` and `.sum`, which no matrix-product count sees
+        ("one query at a time with `*` and `.sum` over keys 0 .. i", "def causal_tiled_attention(q, k, v, block_size):\n"
+         "    T, outs = q.shape[-2], []\n    for i in range(T):\n"
+         "        scores = (q[..., i:i + 1, :] * k[..., :i + 1, :]).sum(dim=-1) / q.shape[-1] ** 0.5\n"
+         "        weights = torch.softmax(scores, dim=-1)\n"
+         "        outs.append((weights[..., :, None] * v[..., :i + 1, :]).sum(dim=-2, keepdim=True))\n"
+         "    n = -(-T // block_size)\n    return torch.cat(outs, dim=-2), n * (n + 1) // 2\n",
+         "elementwise product"),
         ("every tile computed, the upper ones masked away", _CAUSAL.replace(
             "range(0, start + 1, block_size)", "range(0, T, block_size)").replace(
             "if k_start == start:", "if k_start >= start:").replace("tiles += 1", "tiles += int(k_start <= start)"),

@@ -216,12 +216,17 @@ _KEEPS_KEYS = frozenset({"__getitem__", "narrow", "select", "index_select", "tra
                          "__truediv__", "cat", "stack", "flip"})
 
 
+# Of those, the elementwise products: a scaling when the other factor is a number, a comparison when it is a tensor.
+_ELEMENTWISE = frozenset({"mul", "__mul__", "__rmul__"})
+
+
 class _SquareWatch(TorchFunctionMode):
     """While a learner's function runs: the first tensor a torch function returns with two axes of at least T
     (a (T, T) matrix), whether PyTorch's fused attention was called, the largest input that one call of
     ``exp``, ``softmax`` or ``logsumexp`` took (``widest``: its name and number of entries), and the most keys that
     one product took at once (``keys``: the product's name and the keys per sequence and head, counted in the
-    tensors that hold ``k`` itself, its slices, transposes, copies or scalings)."""
+    tensors that hold ``k`` itself, its slices, transposes, copies or scalings; ``*`` with another tensor counts
+    as a product)."""
 
     def __init__(self, T: int, k: torch.Tensor | None = None, batch: int = 1) -> None:
         super().__init__()
@@ -249,8 +254,11 @@ class _SquareWatch(TorchFunctionMode):
             if isinstance(scores, torch.Tensor) and scores.numel() > self.widest[1]:
                 self.widest = (name, scores.numel())
         if name in _PRODUCTS or name in _KEEPS_KEYS:
-            held = [t for t in self._tensors(args, kwargs) if self._holds_k(t)]
-            if held and name in _PRODUCTS:
+            tensors = self._tensors(args, kwargs)
+            held = [t for t in tensors if self._holds_k(t)]
+            # `*` between the keys and another tensor of more than one entry (the queries) compares them, as `@` does
+            elementwise = name in _ELEMENTWISE and any(t.numel() > 1 and not self._holds_k(t) for t in tensors)
+            if held and (name in _PRODUCTS or elementwise):
                 keys = max(t.numel() for t in held) // self.per_key
                 if keys > self.keys[1]:
                     self.keys = (name, keys)
@@ -331,7 +339,8 @@ def check_causal_tiled_attention(fn: Callable[..., Any], seed: int = 0, B: int =
     every tile, and no tensor with two axes of T (the scores, weights or mask of
     every pair) may appear, no product may compare queries with more than C keys at
     once (a score tile wider than C, counted in the tensors that hold k, its slices,
-    transposes, copies or scalings), and no call of ``exp``, ``softmax`` or ``logsumexp`` may take
+    transposes, copies or scalings; a product is a matrix product, or ``*`` between
+    such a tensor and another tensor, as in ``(q_i * k).sum(-1)``), and no call of ``exp``, ``softmax`` or ``logsumexp`` may take
     more scores than one tile holds (C × C for each sequence and head): a query block's
     keys go through the online softmax one tile at a time, not through one ordinary
     softmax. Then scores of about ±200, where exp overflows
@@ -451,6 +460,12 @@ def _causal_once(fn: Callable[..., Any], seed: int, lead: tuple[int, ...], T: in
             f"or below the diagonal ({sizes}): tiles above the diagonal were computed (and masked away). Skip them: "
             "query block i needs only the key blocks up to its own")
     op, keys = watch.keys
+    if n > 1 and keys > C and op in _ELEMENTWISE:
+        raise CheckError(
+            f"out is right, but one elementwise product (`*`) compared queries with {keys} keys at once, more than "
+            f"the C = {C} keys of one tile ({sizes}): scores made with `*` and `.sum` still have to come one tile at a "
+            "time. Cut the keys into blocks of C, score each tile of queries against its keys (a matrix product "
+            "does this in one call), and fold the tile in with online_softmax_update (exercise 1)")
     if n > 1 and keys > C:
         raise CheckError(
             f"out is right, but one product (`{op}`) compared queries with {keys} keys at once, a score tile wider "
