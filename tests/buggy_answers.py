@@ -657,7 +657,7 @@ NEW_KINDS = {
         ("the divisor passed as the factor", _HEADS.replace("scale=1 / math.sqrt(Dh)", "scale=math.sqrt(Dh)"),
          "passed the divisor"),
         ("the model width scaled twice", _HEADS.replace("scale=1 / math.sqrt(config.Dk)", "scale=1 / config.Dk"),
-         "1/D = 1/24"),
+         "1/Dk = 1/24"),
         ("both runs at the model width", _HEADS.replace("scale=1 / math.sqrt(Dh)", "scale=1 / math.sqrt(config.Dk)"),
          "the factor of the 'model width' run"),
         ("the number of heads as the width", _HEADS.replace("scale=1 / math.sqrt(Dh)", "scale=1 / math.sqrt(H)"),

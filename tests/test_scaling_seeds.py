@@ -10,7 +10,7 @@ Dk = 256 between the scaled and the unscaled model. This test trains seeds 1
 and 2 exactly as those cells do and checks the same claims, so that they are
 tested even where the lab book is not run. Section 7 trains the recall model
 with 2 and 8 heads on seed 0, each head's scores divided by sqrt(Dh) and by
-sqrt(D); the second test checks its claims on seeds 1 and 2.
+sqrt(Dk); the second test checks its claims on seeds 1 and 2.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def test_a_broad_optimum_and_the_step_factor_against_the_start(seed):
 
 
 @pytest.mark.slow
-@pytest.mark.evidence("04", "seeds 1 and 2 (seed 0 runs in the lecture): with D = 64 split into 2 and into 8 heads, "
-                            "dividing each head's scores by sqrt(D) instead of sqrt(Dh) costs steps, more than twice "
+@pytest.mark.evidence("04", "seeds 1 and 2 (seed 0 runs in the lecture): with D_k = 64 split into 2 and into 8 heads, "
+                            "dividing each head's scores by sqrt(D_k) instead of sqrt(Dh) costs steps, more than twice "
                             "as many with 8 heads as with 2")
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_model_width_scale_costs_steps_and_more_with_more_heads(seed):

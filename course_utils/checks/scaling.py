@@ -167,23 +167,23 @@ def check_head_scale_runs(fn: Callable[..., Any], seed: int = 0, H: int = 4, Dh:
 def _which_run(got: dict[str, Any], name: str, config: RecallConfig, H: int, Dh: int, seed: int) -> str:
     """What the learner's run ``name`` is, among the runs the usual mistakes give."""
     __tracebackhide__ = True  # noqa: F841
-    D = H * Dh
-    right = {"head width": Dh**-0.5, "model width": D**-0.5}
+    Dk = H * Dh  # the queries' width before the split (config.Dk)
+    right = {"head width": Dh**-0.5, "model width": Dk**-0.5}
     other = _RUNS[1 - _RUNS.index(name)]
     factors = {  # a factor on every head's scores -> what it is, in words
         right[other]: f"the factor of the {other!r} run",
         1.0: "1: the scores were not scaled at all",
         1 / Dh: f"1/Dh = 1/{Dh}: divided by Dh itself, not by its square root (or the scale applied twice)",
-        1 / D: f"1/D = 1/{D}: divided by the width itself, not by its square root (or the scale applied twice)",
+        1 / Dk: f"1/Dk = 1/{Dk}: divided by the width itself, not by its square root (or the scale applied twice)",
         Dh**0.5: "sqrt(Dh): `scale=` is the factor that multiplies the scores, and this passed the divisor",
-        D**0.5: "sqrt(D): `scale=` is the factor that multiplies the scores, and this passed the divisor",
+        Dk**0.5: "sqrt(Dk): `scale=` is the factor that multiplies the scores, and this passed the divisor",
         H**-0.5: f"1/sqrt(H) = 1/sqrt({H}): the number of heads does not enter a head's dot product",
         1 / H: f"1/H = 1/{H}: the number of heads does not enter a head's dot product",
         config.D**-0.5: f"1/sqrt(config.D) = 1/sqrt({config.D}): config.D is the width of the token embeddings; the "
                         "queries' width before the split is config.Dk",
     }
     losses = got[name]  # the learner's run, as its losses
-    where = f'got[{name!r}] (H = {H}, Dh = {Dh}, D = H · Dh = {D}, seed = {seed})'
+    where = f'got[{name!r}] (H = {H}, Dh = {Dh}, Dk = H · Dh = {Dk}, seed = {seed})'
     for factor, words in factors.items():
         if _same_run(losses, scaling.train_recall(config, seed=seed, scale=factor, heads=H).losses):
             if factor == right[other] and _same_run(got[other], scaling.train_recall(config, seed=seed,
